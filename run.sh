@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One entry point for everything: creates (or reuses) ./.venv with the pinned versions, then runs
+#   ./run.sh demo [ARGS]    the main job (build every model, evaluate it at several resolutions)
+#   ./run.sh test [ARGS]    the whole test suite (pytest ARGS)
+#   ./run.sh bench NAME     a script from benchmarks/ (e.g. ./run.sh bench vit_throughput)
+#   ./run.sh python ARGS    python inside the environment
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+VENV=.venv
+PY_BOOT=${PYTHON:-}
+if [ -z "$PY_BOOT" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then PY_BOOT=$candidate; break; fi
+  done
+fi
+[ -n "$PY_BOOT" ] || { echo "run.sh: no python3.11 or python3 on PATH" >&2; exit 1; }
+
+ensure_env() {
+  local stamp want
+  want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+  stamp="$VENV/.vision_priors_stamp"
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return
+  fi
+  echo "run.sh: setting up $VENV (first run takes a few minutes)" >&2
+  [ -x "$VENV/bin/python" ] || "$PY_BOOT" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+}
+
+cmd=${1:-demo}
+shift || true
+ensure_env
+case "$cmd" in
+  demo)   exec "$VENV/bin/python" -m recipes.resolution_demo "$@" ;;
+  test)   exec "$VENV/bin/python" -m pytest "$@" ;;
+  bench)  name=$1; shift; exec "$VENV/bin/python" "benchmarks/$name.py" "$@" ;;
+  python) exec "$VENV/bin/python" "$@" ;;
+  *) echo "run.sh: unknown command '$cmd' (expected demo, test, bench or python)" >&2; exit 2 ;;
+esac

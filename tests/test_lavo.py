@@ -1,0 +1,420 @@
+"""Tests of LAVO attention against explicit float64 references written from the paper's equations.
+
+The references below use plain loops over positions and build the CODE slots ``diag(H) B`` explicitly
+(Eqs. 3-6 of Zhang et al., arXiv:2312.11135). They share no code with the layer; they only read its
+parameters (q/k/v weights in the standard ``(3, heads, head_dim)`` row layout).
+
+Tolerances (float64): forward 1e-10 absolute, gradients 1e-9 absolute.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from vision_priors.layers.lavo import LavoAttention, LavoCrossAttention
+
+DT = torch.float64
+FWD_TOL = 1e-10
+GRAD_TOL = 1e-9
+DIM, HEADS, SLOTS, WIN = 16, 2, 4, 8
+
+
+def _make(seed: int = 0, **kw) -> LavoAttention:
+    torch.manual_seed(seed)
+    kw.setdefault('num_slots', SLOTS)
+    kw.setdefault('window', WIN)
+    m = LavoAttention(DIM, HEADS, qkv_bias=True, **kw).to(DT).eval()
+    with torch.no_grad():  # non-zero position biases so that EPE indexing is exercised
+        for p in (m.rel_bias, m.rel_bias_2d):
+            if p is not None:
+                p.normal_()
+    return m
+
+
+def _qkv(m: LavoAttention, x: torch.Tensor):
+    b, n, c = x.shape
+    qkv = (x @ m.qkv.weight.T + m.qkv.bias).reshape(b, n, 3, m.num_heads, m.head_dim)
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, L, heads, hd)
+
+
+def _softmax_read(q, keys, values, bias):
+    """q (B, H, d); keys / values (B, n, H, d); bias (n,) -> softmax(q k^T * s + bias) v."""
+    s = torch.einsum('bhd,bnhd->bhn', q, keys) / math.sqrt(q.shape[-1]) + bias
+    return torch.einsum('bhn,bnhd->bhd', s.softmax(-1), values)
+
+
+def _slots_read(q, h, basis):
+    """Eq. 3 with explicit slots: X~ = diag(H) B, softmax(q X~^T * s) X~.  h (B, H, r), basis (H, r, d)."""
+    slots = h[..., None] * basis  # (B, H, r, d), slot i = H_i b_i
+    s = torch.einsum('bhd,bhrd->bhr', q, slots) / math.sqrt(q.shape[-1])
+    return torch.einsum('bhr,bhrd->bhd', s.softmax(-1), slots)
+
+
+def _out(m, f):
+    return f @ m.proj.weight.T + m.proj.bias
+
+
+def ref_causal(m: LavoAttention, x: torch.Tensor) -> torch.Tensor:
+    """Causal LAVO (Eq. 4, Secs. 3.2-3.3), one position at a time."""
+    q, k, v = _qkv(m, x)
+    b, n, nh, d = q.shape
+    w = m.window
+    basis = m.basis()
+    P = m.rel_bias if m.use_epe else None
+    h = torch.zeros(b, nh, m.num_slots, dtype=x.dtype)
+    outs = []
+    for t in range(n):
+        def attend(lo):  # keys lo..t, bias P[j - t + w - 1]
+            bias = P[lo - t + w - 1: w] if P is not None else torch.zeros(t + 1 - lo, dtype=x.dtype)
+            return _softmax_read(q[:, t], k[:, lo:t + 1], v[:, lo:t + 1], bias)
+
+        f_local = attend(max(0, t - w + 1))
+        if not m.context_dissection:
+            z = v[:, t]
+        elif m.dissection == 'sliding':
+            z = f_local
+        else:
+            z = attend((t // w) * w)  # own dissection window, causally
+        bz = torch.einsum('bhd,hrd->bhr', z, basis)
+        h = h + (bz - h) / (t + 1)  # Eq. 4: H_t = H_{t-1} + (B z_t - H_{t-1}) / t
+        f_global = _slots_read(q[:, t], h, basis)
+        f = 0.5 * (f_local + f_global) if m.use_local else f_global
+        outs.append(f.reshape(b, nh * d))
+    return _out(m, torch.stack(outs, 1))
+
+
+def ref_noncausal(m: LavoAttention, x, valid=None, grid=None, n_pre=0):
+    """Non-causal LAVO: global mean over all valid tokens, two-sided 1D or 2D local windows."""
+    q, k, v = _qkv(m, x)
+    b, n, nh, d = q.shape
+    w, w2 = m.window, m.window_2d
+    kw = 2 * w2 - 1
+    basis = m.basis()
+    valid = torch.ones(b, n, dtype=torch.bool) if valid is None else valid
+
+    def pos(j):
+        return divmod(j - n_pre, grid[1])
+
+    def neighbours(i, block):
+        if grid is None:
+            if block:
+                return [j for j in range(n) if j // w == i // w], [j - i + w - 1 for j in range(n) if j // w == i // w]
+            js = [j for j in range(n) if abs(j - i) <= w - 1]
+            return js, [j - i + w - 1 for j in js]
+        if i < n_pre:
+            return list(range(n_pre)), None
+        ri, ci = pos(i)
+        js, idx = [], []
+        for j in range(n_pre, n):
+            rj, cj = pos(j)
+            ok = (rj // w2 == ri // w2 and cj // w2 == ci // w2) if block else (
+                abs(rj - ri) <= w2 - 1 and abs(cj - ci) <= w2 - 1)
+            if ok:
+                js.append(j)
+                idx.append((rj - ri + w2 - 1) * kw + (cj - ci + w2 - 1))
+        return js, idx
+
+    def attend(bi, i, block):
+        js, idx = neighbours(i, block)
+        js_ok = [j for j in js if valid[bi, j]]
+        if not js_ok:
+            return torch.zeros(nh, d, dtype=x.dtype)
+        table = m.rel_bias if grid is None else m.rel_bias_2d
+        if m.use_epe and idx is not None:
+            bias = torch.stack([table[ii] for j, ii in zip(js, idx) if valid[bi, j]])
+        else:
+            bias = torch.zeros(len(js_ok), dtype=x.dtype)
+        return _softmax_read(q[bi:bi + 1, i], k[bi:bi + 1, js_ok], v[bi:bi + 1, js_ok], bias)[0]
+
+    out = []
+    for bi in range(b):
+        f_local = [attend(bi, i, False) for i in range(n)]
+        if not m.context_dissection:
+            z = [v[bi, i] for i in range(n)]
+        elif m.dissection == 'sliding':
+            z = f_local
+        else:
+            z = [attend(bi, i, True) for i in range(n)]
+        idx = [i for i in range(n) if valid[bi, i]]
+        h = sum(torch.einsum('hd,hrd->hr', z[i], basis) for i in idx) / max(len(idx), 1)  # Eq. 3
+        rows = []
+        for i in range(n):
+            f_global = _slots_read(q[bi:bi + 1, i], h[None], basis)[0]
+            rows.append((0.5 * (f_local[i] + f_global)).reshape(-1))
+        out.append(torch.stack(rows))
+    return _out(m, torch.stack(out))
+
+
+def _grads(fn, x, params, g):
+    for p in params:
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    y = fn(x)
+    (y * g).sum().backward()
+    return y.detach(), [x.grad] + [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def _assert_matches_reference(m, fn_layer, fn_ref, x):
+    params = [p for p in m.parameters()]
+    g = torch.randn(x.shape[0], x.shape[1], DIM, dtype=DT)
+    y_ref, g_ref = _grads(fn_ref, x, params, g)
+    y, g_lay = _grads(fn_layer, x, params, g)
+    torch.testing.assert_close(y, y_ref, atol=FWD_TOL, rtol=0)
+    for a, r in zip(g_lay, g_ref):
+        torch.testing.assert_close(a, r, atol=GRAD_TOL, rtol=0)
+    assert y.abs().max() > 1e-3 and g_ref[0].abs().max() > 1e-6  # non-trivial values were compared
+
+
+# ----- causal -----
+
+LENGTHS = [1, WIN - 1, WIN, WIN + 1, 333]
+
+
+@pytest.mark.parametrize('length', LENGTHS)
+def test_causal_parallel_matches_reference(length):
+    m = _make()
+    x = torch.randn(2, length, DIM, dtype=DT)
+    _assert_matches_reference(m, m, lambda t: ref_causal(m, t), x)
+
+
+@pytest.mark.parametrize('kw', [
+    dict(dissection='sliding'),
+    dict(use_epe=False),                               # ablation: without EPE
+    dict(use_epe=False, context_dissection=False),     # ablation: without EPE and CD (local kept)
+    dict(use_local=False, context_dissection=False),   # CODE only
+    dict(num_slots=DIM // HEADS, basis='orthogonal'),  # r = head_dim, learned basis
+])
+def test_causal_variants_match_reference(kw):
+    m = _make(**kw)
+    x = torch.randn(2, 2 * WIN + 3, DIM, dtype=DT)
+    _assert_matches_reference(m, m, lambda t: ref_causal(m, t), x)
+
+
+@pytest.mark.parametrize('dissection', ['block', 'sliding'])
+@pytest.mark.parametrize('length', LENGTHS)
+def test_recurrent_matches_parallel(length, dissection):
+    m = _make(dissection=dissection)
+    x = torch.randn(2, length, DIM, dtype=DT)
+    with torch.no_grad():
+        y = m(x)
+        state = m.init_state(2)
+        ys = []
+        for t in range(length):
+            y_t, state = m.step(x[:, t:t + 1], state)
+            ys.append(y_t)
+        torch.testing.assert_close(torch.cat(ys, 1), y, atol=FWD_TOL, rtol=0)
+        # prefill a prompt, then continue with the recurrent form
+        split = length // 2 + 1
+        y_p, state = m.prefill(x[:, :split])
+        ys = [y_p]
+        for t in range(split, length):
+            y_t, state = m.step(x[:, t:t + 1], state)
+            ys.append(y_t)
+        torch.testing.assert_close(torch.cat(ys, 1), y, atol=FWD_TOL, rtol=0)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(dissection='sliding'), dict(context_dissection=False)])
+def test_causality_bit_exact(kw):
+    m = _make(**kw)
+    n = 3 * WIN + 5
+    x = torch.randn(2, n, DIM, dtype=DT)
+    with torch.no_grad():
+        y = m(x)
+        for t in [0, WIN - 2, WIN - 1, WIN, 2 * WIN + 1, n - 2]:
+            x2 = x.clone()
+            x2[:, t + 1:] = 100 * torch.randn_like(x2[:, t + 1:])
+            y2 = m(x2)
+            assert torch.equal(y2[:, :t + 1], y[:, :t + 1]), f'output at <= {t} changed'
+            assert not torch.equal(y2[:, t + 1:], y[:, t + 1:])
+
+
+def test_causal_key_padding_mask():
+    """Invalid tokens are left out of windows and of the mean: equal to deleting them (right padding)."""
+    m = _make()
+    x = torch.randn(2, 21, DIM, dtype=DT)
+    mask = torch.ones(2, 21, dtype=torch.bool)
+    mask[1, 13:] = False
+    with torch.no_grad():
+        y = m(x, attn_mask=mask)
+        torch.testing.assert_close(y[1, :13], m(x[1:, :13])[0], atol=FWD_TOL, rtol=0)
+        torch.testing.assert_close(y[0], m(x[:1])[0], atol=FWD_TOL, rtol=0)
+
+
+def test_state_size_constant():
+    m = LavoAttention(8, 2, num_slots=2, window=4).eval()
+    x = torch.randn(1, 10_000, 8)
+    state = m.init_state(1)
+    shapes = {}
+    with torch.no_grad():
+        for t in range(10_000):
+            _, state = m.step(x[:, t:t + 1], state)
+            if t + 1 in (10, 10_000):
+                shapes[t + 1] = (state.numel(), [tuple(s.shape) for s in
+                                                 (state.h, state.count, state.keys, state.values)])
+    assert int(state.count) == 10_000
+    assert shapes[10] == shapes[10_000]
+    assert shapes[10][0] == 2 * 2 + 1 + 2 * (2 * 4 * 4)  # r*heads + count + 2 * heads*w*head_dim
+
+
+# ----- non-causal -----
+
+@pytest.mark.parametrize('kw', [dict(), dict(dissection='sliding'), dict(use_epe=False, context_dissection=False)])
+def test_noncausal_1d_matches_reference(kw):
+    m = _make(causal=False, **kw)
+    x = torch.randn(2, 2 * WIN + 3, DIM, dtype=DT)
+    mask = torch.ones(2, x.shape[1], dtype=torch.bool)
+    mask[1, 4] = mask[1, 15:] = False
+    _assert_matches_reference(m, m, lambda t: ref_noncausal(m, t), x)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, attn_mask=mask), ref_noncausal(m, x, valid=mask), atol=FWD_TOL, rtol=0)
+
+
+@pytest.mark.parametrize('dissection', ['block', 'sliding'])
+def test_noncausal_2d_matches_reference(dissection):
+    m = _make(causal=False, window=3, window_2d=2, dissection=dissection)
+    grid, n_pre = (4, 5), 1
+    x = torch.randn(2, n_pre + 20, DIM, dtype=DT)
+    mask = torch.ones(2, x.shape[1], dtype=torch.bool)
+    mask[1, 7] = False
+    fn = lambda t: m(t, grid_size=grid, num_prefix_tokens=n_pre)
+    _assert_matches_reference(m, fn, lambda t: ref_noncausal(m, t, grid=grid, n_pre=n_pre), x)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, attn_mask=mask, grid_size=grid, num_prefix_tokens=n_pre),
+                                   ref_noncausal(m, x, valid=mask, grid=grid, n_pre=n_pre), atol=FWD_TOL, rtol=0)
+
+
+def test_window_larger_than_sequence():
+    for causal in (True, False):
+        m = _make(causal=causal, window=50)
+        x = torch.randn(2, 7, DIM, dtype=DT)
+        ref = ref_causal if causal else ref_noncausal
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), ref(m, x), atol=FWD_TOL, rtol=0)
+
+
+# ----- cross-attention -----
+
+def ref_cross(c: LavoCrossAttention, x, ctx, valid):
+    """Eqs. 5-6: Q = Y W_q, X~ = diag(H) B with H the mean of B x_s over valid source tokens."""
+    b, mq, _ = x.shape
+    nh, d = c.num_heads, c.head_dim
+    q = (x @ c.q.weight.T + c.q.bias).reshape(b, mq, nh, d)
+    src = (ctx @ c.kv.weight.T + c.kv.bias).reshape(b, ctx.shape[1], nh, d)
+    basis = c.basis()
+    out = torch.zeros(b, mq, nh * d, dtype=x.dtype)
+    for bi in range(b):
+        idx = [s for s in range(ctx.shape[1]) if valid[bi, s]]
+        h = sum(torch.einsum('hd,hrd->hr', src[bi, s], basis) for s in idx) / len(idx)
+        for i in range(mq):
+            out[bi, i] = _slots_read(q[bi:bi + 1, i], h[None], basis)[0].reshape(-1)
+    return out @ c.proj.weight.T + c.proj.bias
+
+
+def test_cross_matches_explicit_slots_and_ignores_masked():
+    torch.manual_seed(0)
+    c = LavoCrossAttention(DIM, HEADS, num_slots=SLOTS, context_dim=12, qkv_bias=True).to(DT).eval()
+    x = torch.randn(2, 5, DIM, dtype=DT)
+    ctx = torch.randn(2, 9, 12, dtype=DT)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, [1, 6]] = False
+    mask[1, 4:] = False
+    params = list(c.parameters())
+    g = torch.randn(2, 5, DIM, dtype=DT)
+    y_ref, g_ref = _grads(lambda t: ref_cross(c, t, ctx, mask), x, params, g)
+    y, g_lay = _grads(lambda t: c(t, ctx, mask), x, params, g)
+    torch.testing.assert_close(y, y_ref, atol=FWD_TOL, rtol=0)
+    for a, r in zip(g_lay, g_ref):
+        torch.testing.assert_close(a, r, atol=GRAD_TOL, rtol=0)
+    with torch.no_grad():
+        ctx2 = ctx.clone()
+        ctx2[~mask] = 1e3 * torch.randn_like(ctx2[~mask])
+        assert torch.equal(c(x, ctx2, mask), y)
+        torch.testing.assert_close(c(x[1:], ctx[1:, :4])[0], y[1], atol=FWD_TOL, rtol=0)
+        assert not torch.allclose(c(x, ctx), y)  # the mask matters
+
+
+# ----- learned basis -----
+
+def _train(module, steps, penalty_weight=0.):
+    opt = torch.optim.Adam(module.parameters(), lr=1e-2)
+    torch.manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(2, 12, DIM)
+        loss = module(x).pow(2).mean() + penalty_weight * module.orthogonality_penalty()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _max_dev(basis):
+    b = basis.detach()
+    return (b @ b.transpose(-1, -2) - torch.eye(b.shape[-2])).abs().max().item()
+
+
+def test_orthogonality_preserved_when_learned():
+    """'orthogonal' (parametrised): max |B B^T - I| < 1e-5 in float32 after 30 Adam steps, and B moved."""
+    torch.manual_seed(0)
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4, basis='orthogonal')
+    b0 = m.basis().detach().clone()
+    _train(m, 30)
+    assert (m.basis().detach() - b0).abs().max() > 1e-3
+    assert _max_dev(m.basis()) < 1e-5
+
+
+def test_orthogonality_penalty_keeps_basis_near_orthogonal():
+    """'penalty': with weight 10, max |B B^T - I| < 2e-2 after 30 Adam steps (soft constraint)."""
+    torch.manual_seed(0)
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4, basis='penalty')
+    assert m.orthogonality_penalty().item() < 1e-10
+    b0 = m.basis().detach().clone()
+    _train(m, 30, penalty_weight=10.)
+    assert (m.basis().detach() - b0).abs().max() > 1e-3
+    assert _max_dev(m.basis()) < 2e-2
+
+
+def test_fixed_basis_is_a_buffer():
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4)
+    assert 'basis.weight' not in dict(m.named_parameters())
+    assert _max_dev(m.basis()) < 1e-6
+
+
+# ----- bad input -----
+
+def test_too_many_slots_is_an_error():
+    with pytest.raises(ValueError, match=r'r=96.*head_dim=64'):
+        LavoAttention(256, 4, num_slots=96)
+    with pytest.raises(ValueError, match=r'r=9.*head_dim=8'):
+        LavoCrossAttention(16, 2, num_slots=9)
+
+
+def test_mismatched_dims_are_errors():
+    c = LavoCrossAttention(DIM, HEADS, num_slots=SLOTS)
+    with pytest.raises(ValueError, match=r'context must be \(B, n, 16\).*\(2, 5, 12\)'):
+        c(torch.randn(2, 3, DIM), torch.randn(2, 5, 12))
+    with pytest.raises(ValueError, match=r'x must be \(B, m, 16\)'):
+        c(torch.randn(2, 3, 8), torch.randn(2, 5, DIM))
+    with pytest.raises(ValueError, match='batch sizes differ'):
+        c(torch.randn(2, 3, DIM), torch.randn(3, 5, DIM))
+    with pytest.raises(ValueError, match=r'context_mask must have shape'):
+        c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match='bool'):
+        c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 5))
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4, causal=False)
+    with pytest.raises(ValueError, match=r'expected input features 16'):
+        m(torch.randn(1, 5, 8))
+    with pytest.raises(ValueError, match=r'describes 21 tokens, but the sequence has L=20'):
+        m(torch.randn(1, 20, DIM), grid_size=(4, 5), num_prefix_tokens=1)
+    with pytest.raises(RuntimeError, match='causal=True'):
+        m.init_state(1)
+    with pytest.raises(ValueError, match='divisible'):
+        LavoAttention(10, 3)
+
+
+def test_dropout_only_in_training():
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4, attn_drop=0.5)
+    x = torch.randn(1, 9, DIM)
+    m.train()
+    assert not torch.equal(m(x), m(x))
+    m.eval()
+    assert torch.equal(m(x), m(x))

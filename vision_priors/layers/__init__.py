@@ -1,0 +1,4 @@
+"""Attention layers with positional priors (GOAT, PoPE, LAVO) and coordinate helpers."""
+from .coords import grid_coords, resolve_token_coords, sequence_coords
+from .goat import GoatAttention, GoatPrior, goat_positional_dim
+from .pope import PopeAttention, PopePhases, wrap_phase_bias

@@ -1,0 +1,91 @@
+"""Token coordinates: made once where the layout is known, passed down unchanged.
+
+Layers never guess a grid from a sequence length; a model (or recipe) builds coordinates with these
+helpers and hands them to every attention layer.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords']
+
+
+def grid_coords(
+        grid_size: Tuple[int, int],
+        device: Optional[torch.device] = None,
+        dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Row-major (x, y) coordinates of a patch grid, in patch units.
+
+    Args:
+        grid_size: (rows, cols) of the patch grid.
+        device: Device of the result.
+        dtype: Floating dtype of the result.
+
+    Returns:
+        (rows * cols, 2) tensor; token ``r * cols + c`` has coordinate ``(c, r)``.
+    """
+    rows, cols = grid_size[0], grid_size[1]
+    if rows < 1 or cols < 1:
+        raise ValueError(f'grid_size must be positive, got ({rows}, {cols})')
+    ys, xs = torch.meshgrid(
+        torch.arange(rows, device=device, dtype=dtype),
+        torch.arange(cols, device=device, dtype=dtype),
+        indexing='ij',
+    )
+    return torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+
+
+def sequence_coords(
+        length: int,
+        offset: int = 0,
+        device: Optional[torch.device] = None,
+        dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """1D positions ``offset, ..., offset + length - 1`` as an (length, 1) tensor."""
+    return torch.arange(offset, offset + length, device=device, dtype=dtype).unsqueeze(-1)
+
+
+def resolve_token_coords(
+        coords: Optional[Tensor],
+        num_tokens: int,
+        num_spatial_dims: int,
+        num_prefix_tokens: int,
+        grid_size: Optional[Tuple[int, int]],
+        device: torch.device,
+) -> Tensor:
+    """Validate per-token coordinates, or build the default ones, as (num_tokens, D) float32.
+
+    Args:
+        coords: (N,) or (N, 1) in 1D, (N, 2) as (x, y) in 2D, floating point; None for the default
+            sequence positions 0..N-1 (1D) or the configured ``grid_size`` (2D).
+        num_tokens: N, the non-prefix tokens.
+        num_spatial_dims: D, 1 or 2.
+        num_prefix_tokens: Only used in the error message.
+        grid_size: (rows, cols) default grid in 2D.
+        device: Device of the result.
+
+    Raises:
+        ValueError: naming the offending shape / dtype / grid and what is expected.
+    """
+    if coords is None:
+        if num_spatial_dims == 1:
+            return sequence_coords(num_tokens, device=device)
+        if grid_size is None or grid_size[0] * grid_size[1] != num_tokens:
+            raise ValueError(
+                f'coords=None needs the default grid, but grid_size={grid_size} does not hold the '
+                f'{num_tokens} non-prefix tokens; pass coords of shape ({num_tokens}, 2) or call set_grid_size()')
+        return grid_coords(grid_size, device=device)
+    if coords.dim() == 1 and num_spatial_dims == 1:
+        coords = coords.unsqueeze(-1)
+    if not torch.jit.is_scripting():
+        if not torch.fx._symbolic_trace.is_fx_symbolic_tracing():
+            if not coords.is_floating_point():
+                raise ValueError(f'coords must be a floating-point tensor, got dtype {coords.dtype}')
+            if coords.dim() != 2 or coords.shape[0] != num_tokens or coords.shape[1] != num_spatial_dims:
+                raise ValueError(
+                    f'coords has shape {tuple(coords.shape)}, expected ({num_tokens}, {num_spatial_dims}): '
+                    f'one row per non-prefix token ({num_tokens + num_prefix_tokens} tokens - '
+                    f'{num_prefix_tokens} prefix) with {num_spatial_dims} coordinate(s)')
+    return coords.to(device=device, dtype=torch.float32)

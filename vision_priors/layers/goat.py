@@ -1,0 +1,381 @@
+"""GOAT attention: content logits plus a learned relative Fourier log-prior and a key-only default.
+
+Paper: Litman & Guo, "You Need Better Attention Priors" (GOAT), Sec. 4, Eqs. 12-27, Algorithm 1.
+
+    z_ij = q_c,i . k_c,j / sqrt(d_c) + K_rel(p_i - p_j) + u_h(j)                  (Eq. 11)
+    K_rel(d) = sum_a sum_r alpha_{a,r} cos(w_{a,r} d_a) + beta_{a,r} sin(w_{a,r} d_a)  (Eqs. 12, 20)
+    u_h(j) = lambda_h p_j + g_h(phi_abs(p_j)) + b_h 1{p_j = 0}                     (Eqs. 21-22)
+
+Each Fourier mode is two key coordinates (cos w p_j, sin w p_j) and two query coordinates
+(alpha cos w p_i + beta sin w p_i, alpha sin w p_i - beta cos w p_i) whose dot product is exactly
+that mode's relative term (Eqs. 13-19); the key default is a constant-1 query coordinate against a
+key coordinate u_h(j); one zero pad coordinate keeps the head width (Eqs. 23-27). So d_p = 2 R D + 2
+(R modes per axis, D axes) positional coordinates come out of the head dimension, d_c = d_h - d_p
+content coordinates remain, values keep all d_h, and ONE ``F.scaled_dot_product_attention`` call on
+the widened q', k' computes the logits exactly, with no dense bias matrix.
+"""
+import math
+from typing import Optional, Tuple, Type, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.jit import Final
+
+from timm.layers.attention import resolve_self_attn_mask
+
+from .coords import resolve_token_coords
+
+__all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim']
+
+PRIOR_INITS = ('zero', 'random', 'alibi')
+
+
+def goat_positional_dim(num_modes: int, num_spatial_dims: int) -> int:
+    """Number of head coordinates GOAT reserves for structure: 2 R D + 2 (Sec. 4, Alg. 1)."""
+    return 2 * num_modes * num_spatial_dims + 2
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Geometric ALiBi slopes m_h = 2^(-8 (h + 1) / H) (Press et al.), used by the 'alibi' init."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)])
+
+
+class GoatPrior(nn.Module):
+    """The structural part of GOAT: learned per-head relative Fourier prior and key-only default.
+
+    Produces the positional query / key coordinates of every token; their dot product is the
+    log-prior ``K_rel(p_i - p_j) + u_h(j)`` (Eqs. 12-22). Prefix tokens (class, register) carry no
+    relative features: their relative coordinates are zero, so no pair that involves a prefix token
+    gets a relative term, and as keys they get a learned per-head, per-prefix-token default logit
+    (a generalisation of the paper's first-token bump b_h, zero at init) in place of u_h.
+
+    Args:
+        num_heads: Attention heads H; every head has its own alpha, beta and key default.
+        num_spatial_dims: 1 (sequences) or 2 (images, axis-wise prior of Eq. 12 / 20).
+        num_modes: Fourier modes R per axis; each axis has its own full ladder.
+        freq_base: Ladder w_r = freq_base^(-r / R), r = 0..R-1 (radians per coordinate unit).
+            Default 10000 in 1D and 100 in 2D (patch grids are short).
+        learn_freqs: Learn the frequencies (log-parametrised, Table 4 'Learned') instead of fixing them.
+        prior_init: 'zero' (uniform prior at init), 'random' (alpha, beta ~ N(0, init_std^2) from a
+            seeded generator) or 'alibi' (recency start: key-linear slopes in the causal 1D case,
+            else cosine modes least-squares fitted to -m_h |d| per axis over |d| <= alibi_extent);
+            the paper's Table 5.
+        init_std: Standard deviation of the 'random' init.
+        init_seed: Seed of the 'random' init.
+        alibi_extent: Offset range of the 'alibi' fit; default 16 (2D) or 512 (1D).
+        key_linear: Include the key-linear trend lambda_h p_j (the causal recency term).
+        first_key_bias: Include b_h 1{p_j = 0}; default True in 1D, False in 2D.
+        key_mlp_hidden: Width of the SiLU MLP g_h; 0 disables it.
+        abs_num_freqs: Sinusoid pairs per axis in phi_abs.
+        abs_pos_scale: phi_abs also holds p / abs_pos_scale (a fixed constant, so the default is
+            causal-safe and defined at any length); default 14 (2D) or 2048 (1D).
+        num_prefix_tokens: Leading prefix tokens handled as described above.
+    """
+
+    def __init__(
+            self,
+            num_heads: int,
+            num_spatial_dims: int = 2,
+            num_modes: int = 4,
+            freq_base: Optional[float] = None,
+            learn_freqs: bool = False,
+            prior_init: str = 'zero',
+            init_std: float = 0.5,
+            init_seed: int = 0,
+            alibi_extent: Optional[float] = None,
+            key_linear: bool = False,
+            first_key_bias: Optional[bool] = None,
+            key_mlp_hidden: int = 32,
+            abs_num_freqs: int = 4,
+            abs_pos_scale: Optional[float] = None,
+            num_prefix_tokens: int = 0,
+    ) -> None:
+        super().__init__()
+        if num_spatial_dims not in (1, 2):
+            raise ValueError(f'num_spatial_dims must be 1 or 2, got {num_spatial_dims}')
+        if num_modes < 1:
+            raise ValueError(f'num_modes must be >= 1, got {num_modes}')
+        if prior_init not in PRIOR_INITS:
+            raise ValueError(f'prior_init must be one of {PRIOR_INITS}, got {prior_init!r}')
+        if num_prefix_tokens < 0:
+            raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
+        self.num_heads = num_heads
+        self.num_spatial_dims = num_spatial_dims
+        self.num_modes = num_modes
+        self.num_prefix_tokens = num_prefix_tokens
+        self.positional_dim = goat_positional_dim(num_modes, num_spatial_dims)
+        self.prior_init = prior_init
+        self.init_std = init_std
+        self.init_seed = init_seed
+        is_2d = num_spatial_dims == 2
+        self.freq_base = float(freq_base if freq_base is not None else (100.0 if is_2d else 10000.0))
+        self.alibi_extent = float(alibi_extent if alibi_extent is not None else (16.0 if is_2d else 512.0))
+        self.abs_pos_scale = float(abs_pos_scale if abs_pos_scale is not None else (14.0 if is_2d else 2048.0))
+        self.learn_freqs = learn_freqs
+
+        ladder = self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
+        log_freqs = ladder.log().float().expand(num_spatial_dims, num_modes).clone()
+        if learn_freqs:
+            self.log_freqs = nn.Parameter(log_freqs)
+        else:
+            self.register_buffer('log_freqs', log_freqs, persistent=False)
+
+        self.alpha = nn.Parameter(torch.zeros(num_heads, num_spatial_dims, num_modes))
+        self.beta = nn.Parameter(torch.zeros(num_heads, num_spatial_dims, num_modes))
+
+        abs_ladder = 100.0 ** (-torch.arange(abs_num_freqs, dtype=torch.float32) / max(abs_num_freqs, 1))
+        self.register_buffer('abs_freqs', abs_ladder, persistent=False)
+        abs_features = num_spatial_dims * (2 * abs_num_freqs + 1)
+        if key_mlp_hidden > 0:
+            self.key_mlp = nn.Sequential(
+                nn.Linear(abs_features, key_mlp_hidden), nn.SiLU(), nn.Linear(key_mlp_hidden, num_heads))
+        else:
+            self.key_mlp = None
+        self.key_slope = nn.Parameter(torch.zeros(num_heads)) if key_linear else None
+        use_first = (not is_2d) if first_key_bias is None else first_key_bias
+        self.first_key_bias = nn.Parameter(torch.zeros(num_heads)) if use_first else None
+        self.prefix_bias = nn.Parameter(torch.zeros(num_heads, num_prefix_tokens)) if num_prefix_tokens else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Apply the configured prior initialisation (Table 5) and zero the key default."""
+        with torch.no_grad():
+            self.alpha.zero_()
+            self.beta.zero_()
+            if self.key_mlp is not None:
+                nn.init.trunc_normal_(self.key_mlp[0].weight, std=0.02)
+                nn.init.zeros_(self.key_mlp[0].bias)
+                nn.init.zeros_(self.key_mlp[2].weight)
+                nn.init.zeros_(self.key_mlp[2].bias)
+            for p in (self.key_slope, self.first_key_bias, self.prefix_bias):
+                if p is not None:
+                    p.zero_()
+            if self.prior_init == 'random':
+                gen = torch.Generator().manual_seed(self.init_seed)
+                self.alpha.copy_(torch.randn(self.alpha.shape, generator=gen) * self.init_std)
+                self.beta.copy_(torch.randn(self.beta.shape, generator=gen) * self.init_std)
+            elif self.prior_init == 'alibi':
+                slopes = alibi_slopes(self.num_heads).double()
+                if self.key_slope is not None:
+                    # causal: -m (i - j) = m j - m i, and -m i is a row constant (Appendix G.3)
+                    self.key_slope.copy_(slopes.float())
+                else:
+                    self.alpha.copy_(self._fit_symmetric_decay(slopes).float())
+
+    def init_weights(self) -> None:
+        """timm's ViT init hook: re-apply our init after timm re-initialises the MLP's Linear layers."""
+        self.reset_parameters()
+
+    def _fit_symmetric_decay(self, slopes: Tensor) -> Tensor:
+        """Least-squares cosine coefficients with sum_r a_r cos(w_r d) + c ~= -m |d| on |d| <= extent."""
+        offsets = torch.arange(-self.alibi_extent, self.alibi_extent + 1, dtype=torch.float64)
+        freqs = self.log_freqs.detach().double().exp()  # (D, R)
+        alpha = torch.zeros(self.num_heads, self.num_spatial_dims, self.num_modes, dtype=torch.float64)
+        for axis in range(self.num_spatial_dims):
+            basis = torch.cat([torch.cos(offsets[:, None] * freqs[axis][None]), torch.ones(len(offsets), 1,
+                              dtype=torch.float64)], dim=1)  # constant column absorbs the row constant
+            targets = -slopes[None, :] * offsets.abs()[:, None]  # (n, H)
+            solution = torch.linalg.lstsq(basis, targets).solution  # (R + 1, H)
+            alpha[:, axis] = solution[:-1].T / self.num_spatial_dims
+        return alpha
+
+    def abs_features(self, coords: Tensor) -> Tensor:
+        """phi_abs(p): per axis, sinusoids of p and p / abs_pos_scale (input of g_h, Eq. 21)."""
+        phase = coords.unsqueeze(-1) * self.abs_freqs.to(coords.dtype)  # (M, D, F)
+        feats = torch.cat([phase.sin(), phase.cos(), coords.unsqueeze(-1) / self.abs_pos_scale], dim=-1)
+        return feats.flatten(1)
+
+    def key_default(self, coords: Tensor) -> Tensor:
+        """u_h(j) for the non-prefix tokens: (H, M) (Eqs. 21-22)."""
+        num_tokens = coords.shape[0]
+        u = coords.new_zeros(self.num_heads, num_tokens)
+        if self.key_mlp is not None:
+            u = u + self.key_mlp(self.abs_features(coords)).transpose(0, 1)
+        if self.key_slope is not None:
+            u = u + self.key_slope.to(coords.dtype)[:, None] * coords[:, 0][None, :]
+        if self.first_key_bias is not None:
+            is_first = (coords == 0).all(dim=-1).to(coords.dtype)
+            u = u + self.first_key_bias.to(coords.dtype)[:, None] * is_first[None, :]
+        return u
+
+    def qk_coordinates(self, coords: Tensor) -> Tuple[Tensor, Tensor]:
+        """Positional query and key coordinates of all tokens, prefix tokens first.
+
+        Args:
+            coords: (M, D) coordinates of the non-prefix tokens (already validated).
+
+        Returns:
+            (q_pos, k_pos), each (H, P + M, d_p): ``q_pos[h, i] . k_pos[h, j]`` is the log-prior.
+        """
+        num_heads = self.num_heads
+        freqs = self.log_freqs.to(coords.dtype).exp()  # (D, R)
+        phase = coords.unsqueeze(-1) * freqs  # (M, D, R)
+        cos, sin = phase.cos(), phase.sin()
+        alpha = self.alpha.to(coords.dtype)[:, None]  # (H, 1, D, R)
+        beta = self.beta.to(coords.dtype)[:, None]
+        q_rel = torch.stack([alpha * cos + beta * sin, alpha * sin - beta * cos], dim=-1).flatten(2)
+        k_rel = torch.stack([cos, sin], dim=-1).flatten(1).expand(num_heads, -1, -1)  # (H, M, 2DR)
+        u = self.key_default(coords)  # (H, M)
+        ones = torch.ones_like(u)
+        zeros = torch.zeros_like(u)
+        q_pos = torch.cat([q_rel, ones.unsqueeze(-1), zeros.unsqueeze(-1)], dim=-1)
+        k_pos = torch.cat([k_rel, u.unsqueeze(-1), zeros.unsqueeze(-1)], dim=-1)
+        if self.prefix_bias is not None:
+            num_prefix = self.num_prefix_tokens
+            q_pre = coords.new_zeros(num_heads, num_prefix, self.positional_dim)
+            q_pre[:, :, -2] = 1.0
+            k_pre = torch.cat([
+                coords.new_zeros(num_heads, num_prefix, self.positional_dim - 2),
+                self.prefix_bias.to(coords.dtype).unsqueeze(-1),
+                coords.new_zeros(num_heads, num_prefix, 1),
+            ], dim=-1)
+            q_pos = torch.cat([q_pre, q_pos], dim=1)
+            k_pos = torch.cat([k_pre, k_pos], dim=1)
+        return q_pos, k_pos
+
+    def prior_logits(self, coords: Tensor) -> Tensor:
+        """The structural log-prior K_rel(p_i - p_j) + u_h(j) over all tokens: (H, N, N)."""
+        q_pos, k_pos = self.qk_coordinates(coords)
+        return q_pos @ k_pos.transpose(-1, -2)
+
+
+class GoatAttention(nn.Module):
+    """Multi-head self-attention with the GOAT positional log-prior, computed by one SDPA call.
+
+    The block-facing API matches timm's ``Attention`` plus token coordinates:
+    ``forward(x, coords=None, attn_mask=None, is_causal=False, return_attn=False)``.
+
+    Args:
+        dim: Embedding width C.
+        num_heads: Heads H; head width d_h = C / H must exceed the d_p = 2 R D + 2 positional
+            coordinates (the rest, d_c = d_h - d_p, is content).
+        num_spatial_dims: 1 or 2.
+        num_modes: Fourier modes R per axis.
+        num_prefix_tokens: Leading tokens without coordinates (see ``GoatPrior``).
+        grid_size: (rows, cols) used when ``coords`` is None in 2D.
+        qkv_bias: Bias in the q/k/v projection.
+        qk_norm: LayerNorm on the content part of q and k.
+        attn_drop: Attention-probability dropout.
+        proj_drop: Output dropout.
+        norm_layer: Normalisation used by ``qk_norm``.
+        **prior_kwargs: Options of ``GoatPrior`` (freq_base, learn_freqs, prior_init, ...).
+    """
+    fused_attn: Final[bool]
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            num_spatial_dims: int = 2,
+            num_modes: int = 4,
+            num_prefix_tokens: int = 0,
+            grid_size: Optional[Tuple[int, int]] = None,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            fused_attn: bool = True,
+            **prior_kwargs,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        head_dim = dim // num_heads
+        positional_dim = goat_positional_dim(num_modes, num_spatial_dims)
+        content_dim = head_dim - positional_dim
+        if content_dim < 1:
+            raise ValueError(
+                f'head dim {head_dim} (dim {dim} / {num_heads} heads) is too small for GOAT: '
+                f'{num_modes} modes x {num_spatial_dims} axes need d_p = 2*{num_modes}*{num_spatial_dims}+2 '
+                f'= {positional_dim} positional coordinates, leaving {content_dim} content coordinates; '
+                f'use fewer modes or heads (need head dim > {positional_dim})')
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.content_dim = content_dim
+        self.num_spatial_dims = num_spatial_dims
+        self.num_prefix_tokens = num_prefix_tokens
+        self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+        self.content_scale = content_dim ** -0.5
+        self.fused_attn = fused_attn
+
+        self.qkv = nn.Linear(dim, num_heads * (2 * content_dim + head_dim), bias=qkv_bias)
+        self.q_norm = norm_layer(content_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(content_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.prior = GoatPrior(
+            num_heads, num_spatial_dims=num_spatial_dims, num_modes=num_modes,
+            num_prefix_tokens=num_prefix_tokens, **prior_kwargs)
+
+    def set_grid_size(self, grid_size: Optional[Tuple[int, int]]) -> None:
+        """Default patch grid used when ``coords`` is None (2D)."""
+        self.grid_size = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+
+    def prior_logits(self, coords: Optional[Tensor] = None, num_tokens: Optional[int] = None) -> Tensor:
+        """Structural log-prior (relative + key default, no content): (H, N, N) over all N tokens.
+
+        Args:
+            coords: Coordinates of the non-prefix tokens; None for the default grid / sequence.
+            num_tokens: Number of non-prefix tokens when ``coords`` is None (default: the grid's).
+        """
+        if num_tokens is None:
+            if coords is not None:
+                num_tokens = coords.shape[0]
+            elif self.grid_size is not None:
+                num_tokens = self.grid_size[0] * self.grid_size[1]
+            else:
+                raise ValueError('prior_logits() needs coords, num_tokens or a configured grid_size')
+        coords = resolve_token_coords(
+            coords, num_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
+            self.prior.alpha.device)
+        return self.prior.prior_logits(coords)
+
+    def forward(
+            self,
+            x: Tensor,
+            coords: Optional[Tensor] = None,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+            return_attn: bool = False,
+    ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
+
+        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the
+        explicit dense path (probs: (B, H, N, N)).
+        """
+        B, N, C = x.shape
+        if attn_mask is not None and is_causal:
+            raise ValueError('pass either attn_mask or is_causal=True, not both (SDPA semantics)')
+        coords = resolve_token_coords(
+            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size, x.device)
+        q_pos, k_pos = self.prior.qk_coordinates(coords)
+        q_pos = q_pos.to(x.dtype)
+        k_pos = k_pos.to(x.dtype)
+
+        H, dc, dh = self.num_heads, self.content_dim, self.head_dim
+        q, k, v = self.qkv(x).split([H * dc, H * dc, H * dh], dim=-1)
+        q = self.q_norm(q.reshape(B, N, H, dc).transpose(1, 2))
+        k = self.k_norm(k.reshape(B, N, H, dc).transpose(1, 2))
+        v = v.reshape(B, N, H, dh).transpose(1, 2)
+
+        if return_attn or not self.fused_attn:
+            logits = (q @ k.transpose(-2, -1)) * self.content_scale + q_pos @ k_pos.transpose(-2, -1)
+            bias = resolve_self_attn_mask(N, logits, attn_mask, is_causal)
+            if bias is not None:
+                logits = logits + bias
+            probs = logits.softmax(dim=-1)
+            out = self.attn_drop(probs) @ v
+            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+            if return_attn:
+                return out, probs
+            return out
+
+        q = torch.cat([q * self.content_scale, q_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
+        k = torch.cat([k, k_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
+            dropout_p=self.attn_drop.p if self.training else 0.)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

@@ -1,0 +1,615 @@
+"""LAVO: Linear Attention via Orthogonal Memory (Zhang et al., arXiv:2312.11135).
+
+CODE compression (Eq. 3): with an orthogonal basis ``B in R^{r x d}`` (rows ``b_i``) and context
+``X in R^{n x d}``, the memory is ``H = (1/n) sum_t B x_t`` and the ``r`` slots are
+``X~ = diag(H) B`` (slot ``i`` is ``H_i b_i``). A query reads them with
+``softmax(q X~^T) X~`` (slots are both keys and values).
+
+Self-attention (Eq. 4, Secs. 3.2-3.3) adds a local branch over a window of ``w`` tokens with the
+embedded relative position bias ``A_ij += P[j - i + w - 1]``, ``P in R^{2w-1}`` (EPE), compresses
+locally aggregated features (context dissection, CD) and averages
+``F_t = (F_local,t + F_global,t) / 2``. Causal: ``H_t = H_{t-1} + (B z_t - H_{t-1}) / t``.
+Cross-attention (Sec. 3.4, Eqs. 5-6) compresses the source once and has no local branch.
+
+Fast evaluation never materialises the slots: ``q . (H_i b_i) = H_i (q . b_i)`` and
+``sum_i p_i H_i b_i = (p * H) B``, so a read costs ``O(r d)`` per query.
+
+Choices where the paper is silent (all configurable):
+    * CODE runs per head on ``head_dim`` features with one basis per head, so ``num_slots <= head_dim``.
+    * What is compressed: the value projections (slots act as keys and values, Eq. 3), or with CD their
+      local aggregates ``z_t`` (below); for cross-attention a linear projection of the source.
+    * ``basis='fixed'`` (default): B is an orthogonally initialised buffer. W_q / W_v can absorb a
+      rotation, so a fixed B costs little expressiveness and stays exactly orthogonal.
+      ``'orthogonal'`` learns B through ``torch.nn.utils.parametrizations.orthogonal`` (exact);
+      ``'penalty'`` learns a free B and exposes :meth:`orthogonality_penalty` to add to the loss.
+    * Both branches scale logits by ``head_dim ** -0.5`` (Eq. 3 writes none); set ``qk_scale``.
+    * CD aggregate ``z_t``: ``dissection='block'`` (default) attends within the token's own
+      non-overlapping window of ``w`` tokens (causally when causal), the reading of "aggregate within
+      historical windows"; ``'sliding'`` reuses the local-branch output ``F_local,t``. Every token
+      ``s <= t`` enters ``H_t`` with weight ``1/t``, so the decoding state stays fixed in size.
+    * EPE on a 2D grid: offsets ``|dy|, |dx| <= w2 - 1`` with a ``(2 w2 - 1)^2`` table;
+      'block' CD uses ``w2 x w2`` tiles. Prefix tokens (e.g. class token) use local attention among
+      prefix tokens only (no bias) and reach the patches through the global branch.
+"""
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.utils.parametrizations import orthogonal
+
+__all__ = ['LavoAttention', 'LavoCrossAttention', 'LavoState', 'OrthogonalBasis', 'code_read']
+
+_BASIS_MODES = ('fixed', 'orthogonal', 'penalty')
+_DISSECTION_MODES = ('block', 'sliding')
+
+
+class OrthogonalBasis(nn.Module):
+    """Per-head orthogonal basis ``B in R^{heads x r x d}`` of CODE (Eq. 3).
+
+    Args:
+        num_heads: Number of heads, one basis each.
+        num_slots: r, the number of memory slots (rows of B).
+        head_dim: d, the feature dimension per head; needs ``num_slots <= head_dim``.
+        mode: 'fixed' (buffer), 'orthogonal' (parametrised, exactly orthonormal rows) or 'penalty'
+            (free parameter; add :meth:`orthogonality_penalty` to the loss).
+    """
+
+    def __init__(self, num_heads: int, num_slots: int, head_dim: int, mode: str = 'fixed') -> None:
+        super().__init__()
+        if mode not in _BASIS_MODES:
+            raise ValueError(f'basis must be one of {_BASIS_MODES}, got {mode!r}')
+        if num_slots < 1:
+            raise ValueError(f'num_slots must be >= 1, got {num_slots}')
+        if num_slots > head_dim:
+            raise ValueError(
+                f'num_slots (r={num_slots}) exceeds the per-head feature dimension (head_dim={head_dim}): '
+                f'an orthogonal basis B in R^(r x d) needs r <= d. Use num_slots <= {head_dim} '
+                f'or fewer heads.')
+        self.mode = mode
+        init = torch.empty(num_heads, num_slots, head_dim)
+        for h in range(num_heads):
+            nn.init.orthogonal_(init[h])
+        if mode == 'fixed':
+            self.register_buffer('weight', init)
+        else:
+            self.weight = nn.Parameter(init)
+            if mode == 'orthogonal':
+                orthogonal(self, 'weight')
+
+    def forward(self) -> Tensor:
+        """Returns B as a (heads, r, d) tensor."""
+        return self.weight
+
+    def orthogonality_penalty(self) -> Tensor:
+        """``sum_h ||B_h B_h^T - I||_F^2`` (zero up to rounding for 'fixed' and 'orthogonal')."""
+        b = self.weight
+        eye = torch.eye(b.shape[-2], dtype=b.dtype, device=b.device)
+        return ((b @ b.transpose(-1, -2) - eye) ** 2).sum()
+
+
+def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, attn_drop: Optional[nn.Module] = None) -> Tensor:
+    """Read the CODE slots ``diag(H) B`` with softmax attention (Eqs. 3, 4, 6).
+
+    Args:
+        q: Queries (B, heads, L, d).
+        h: Coefficients H, (B, heads, L, r) (one memory per query) or (B, heads, 1, r) (shared).
+        basis: B, (heads, r, d).
+        scale: Logit scale.
+        attn_drop: Optional dropout on the slot weights.
+
+    Returns:
+        ``softmax(scale * q (diag(H) B)^T) diag(H) B`` as (B, heads, L, d), costing O(L r d).
+    """
+    logits = (q @ basis.transpose(-1, -2)) * h * scale
+    p = logits.softmax(dim=-1)
+    if attn_drop is not None:
+        p = attn_drop(p)
+    return (p * h) @ basis
+
+
+def _check_key_mask(mask: Optional[Tensor], batch: int, length: int, name: str) -> Optional[Tensor]:
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool:
+        raise TypeError(f'{name} must be a bool tensor (True = valid token), got dtype {mask.dtype}')
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f'{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}')
+    return mask
+
+
+def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last dim with excluded entries exactly 0; rows with no valid entry give 0."""
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1) * mask.any(dim=-1, keepdim=True)
+
+
+def _banded_attention_1d(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        window: int,
+        block_offsets: Sequence[int],
+        rel_range: Tuple[int, int],
+        scale: float,
+        bias_table: Optional[Tensor],
+        key_valid: Optional[Tensor],
+        attn_drop: Optional[nn.Module],
+) -> Tensor:
+    """Attention of each token to keys with ``lo <= j - i <= hi`` among neighbouring blocks.
+
+    The sequence is cut into blocks of ``window`` tokens; queries of block c see the keys of blocks
+    ``c + o`` for ``o`` in ``block_offsets`` (no loop over time, memory O(L w)). ``bias_table[j - i + w - 1]``
+    is the EPE bias (Sec. 3.3).
+    """
+    b, nh, length, d = q.shape
+    w = window
+    nb = -(-length // w)
+    pad = nb * w - length
+    qb, kb, vb = (F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d) for t in (q, k, v))
+    valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
+    valid = F.pad(valid, (0, pad)).reshape(b, nb, w)
+    lo_off, hi_off = min(block_offsets), max(block_offsets)
+
+    def gather(t: Tensor, dim: int) -> Tensor:
+        pads = [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off]
+        tp = F.pad(t, pads)
+        return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in block_offsets], dim=dim + 1)
+
+    kg, vg = gather(kb, 2), gather(vb, 2)  # (B, H, nb, n_off * w, d)
+    vmask = gather(valid, 1)  # (B, nb, n_off * w)
+    a = torch.arange(w, device=q.device)
+    rel = torch.cat([o * w + a for o in block_offsets])[None, :] - a[:, None]  # (w, n_off * w): j - i
+    lo, hi = rel_range
+    mask = ((rel >= lo) & (rel <= hi))[None, None] & vmask[:, :, None, :]  # (B, nb, w, K)
+    scores = (qb @ kg.transpose(-1, -2)) * scale
+    if bias_table is not None:
+        scores = scores + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
+    p = _masked_softmax(scores, mask[:, None])
+    if attn_drop is not None:
+        p = attn_drop(p)
+    return (p @ vg).reshape(b, nh, nb * w, d)[:, :, :length]
+
+
+@dataclass
+class LavoState:
+    """Fixed-size decoding state of causal :class:`LavoAttention` (Eq. 4).
+
+    Attributes:
+        h: Running mean H_t, (B, heads, r).
+        count: Tokens seen t, (B,) int64.
+        keys: Last w keys, oldest first, (B, heads, w, head_dim); slots before the start are zero.
+        values: Last w values, same layout.
+    """
+    h: Tensor
+    count: Tensor
+    keys: Tensor
+    values: Tensor
+
+    def numel(self) -> int:
+        """Total number of stored elements (constant over decoding)."""
+        return self.h.numel() + self.count.numel() + self.keys.numel() + self.values.numel()
+
+
+class LavoAttention(nn.Module):
+    """LAVO self-attention: local window branch + CODE global branch (Eqs. 3-4, Secs. 3.2-3.3).
+
+    Args:
+        dim: Model width C.
+        num_heads: Number of heads; ``head_dim = dim // num_heads``.
+        num_slots: r, memory slots per head (<= head_dim).
+        window: w, local window: causal keys ``t-w+1..t``; non-causal ``|j - i| <= w - 1``.
+        causal: Causal (Eq. 4, with :meth:`step`) or non-causal (global mean over the whole sequence).
+        window_2d: w2 for the non-causal 2D window used when ``grid_size`` is passed (defaults to
+            ``window``): neighbours with ``|dy|, |dx| <= w2 - 1``.
+        use_epe: Embedded relative position bias P (Sec. 3.3).
+        context_dissection: Compress local aggregates instead of raw values (Sec. 3.2).
+        dissection: 'block' (within the own window of w tokens) or 'sliding' (the local-branch output).
+        use_local: Keep the local branch (False gives F = F_global).
+        basis: 'fixed' (default), 'orthogonal' or 'penalty'; see :class:`OrthogonalBasis`.
+        qkv_bias: Bias in the q/k/v projection.
+        qk_scale: Logit scale, default ``head_dim ** -0.5``.
+        attn_drop: Dropout on attention / slot weights.
+        proj_drop: Dropout after the output projection.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            num_slots: int = 64,
+            window: int = 64,
+            causal: bool = True,
+            window_2d: Optional[int] = None,
+            use_epe: bool = True,
+            context_dissection: bool = True,
+            dissection: str = 'block',
+            use_local: bool = True,
+            basis: str = 'fixed',
+            qkv_bias: bool = False,
+            qk_scale: Optional[float] = None,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        if window < 1:
+            raise ValueError(f'window must be >= 1, got {window}')
+        if dissection not in _DISSECTION_MODES:
+            raise ValueError(f'dissection must be one of {_DISSECTION_MODES}, got {dissection!r}')
+        if context_dissection and dissection == 'sliding' and not use_local:
+            raise ValueError("dissection='sliding' reuses the local branch; it needs use_local=True")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.num_slots = num_slots
+        self.window = window
+        self.window_2d = window if window_2d is None else window_2d
+        if self.window_2d < 1:
+            raise ValueError(f'window_2d must be >= 1, got {self.window_2d}')
+        self.causal = causal
+        self.use_epe = use_epe
+        self.context_dissection = context_dissection
+        self.dissection = dissection
+        self.use_local = use_local
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+
+        self.basis = OrthogonalBasis(num_heads, num_slots, self.head_dim, mode=basis)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        needs_bias = use_epe and (use_local or context_dissection)
+        # P in R^{2w-1} (Sec. 3.3); the causal form only uses P[0..w-1] (offsets j - i <= 0).
+        self.rel_bias = nn.Parameter(torch.zeros(2 * window - 1)) if needs_bias else None
+        self.rel_bias_2d = (
+            nn.Parameter(torch.zeros((2 * self.window_2d - 1) ** 2)) if needs_bias and not causal else None)
+
+    def extra_repr(self) -> str:
+        return (f'dim={self.dim}, num_heads={self.num_heads}, num_slots={self.num_slots}, window={self.window}, '
+                f'causal={self.causal}, use_epe={self.use_epe}, context_dissection={self.context_dissection}, '
+                f'dissection={self.dissection!r}, basis={self.basis.mode!r}')
+
+    def orthogonality_penalty(self) -> Tensor:
+        """``||B B^T - I||_F^2`` summed over heads; add to the loss with ``basis='penalty'``."""
+        return self.basis.orthogonality_penalty()
+
+    def _qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        b, length, c = x.shape
+        if c != self.dim:
+            raise ValueError(f'expected input features {self.dim}, got x of shape {tuple(x.shape)}')
+        qkv = self.qkv(x).reshape(b, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv.unbind(0)
+
+    def _out(self, f: Tensor) -> Tensor:
+        b, _, length, _ = f.shape
+        return self.proj_drop(self.proj(f.transpose(1, 2).reshape(b, length, self.dim)))
+
+    def _local_1d(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], block: bool) -> Tensor:
+        w = self.window
+        if block:
+            offsets, rel_range = (0,), (-(w - 1), 0 if self.causal else w - 1)
+        else:
+            offsets, rel_range = ((-1, 0), (-(w - 1), 0)) if self.causal else ((-1, 0, 1), (-(w - 1), w - 1))
+        return _banded_attention_1d(
+            q, k, v, w, offsets, rel_range, self.scale, self.rel_bias if self.use_epe else None, valid,
+            self.attn_drop)
+
+    def _local_2d(
+            self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
+            block: bool,
+    ) -> Tensor:
+        """Prefix tokens attend among themselves; patches to their 2D neighbourhood or ``w2 x w2`` tile."""
+        b, nh, length, d = q.shape
+        gh, gw = grid
+        w2 = self.window_2d
+        kw = 2 * w2 - 1
+        bias = self.rel_bias_2d if self.use_epe else None
+        outs = []
+        if n_pre:
+            pv = None if valid is None else valid[:, None, None, :n_pre]
+            s = (q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * self.scale
+            pmask = torch.ones_like(s, dtype=torch.bool) if pv is None else pv.expand_as(s)
+            p = self.attn_drop(_masked_softmax(s, pmask))
+            outs.append(p @ v[:, :, :n_pre])
+        pq, pk, pvv = (t[:, :, n_pre:] for t in (q, k, v))
+        pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid[:, n_pre:]
+        if block:
+            # Non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table.
+            nh_t, nw_t = -(-gh // w2), -(-gw // w2)
+            ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
+
+            def tiles(t: Tensor) -> Tensor:
+                t = t.reshape(*t.shape[:2], gh, gw, -1)
+                t = F.pad(t, (0, 0, 0, pw, 0, ph))
+                t = t.reshape(*t.shape[:2], nh_t, w2, nw_t, w2, t.shape[-1]).transpose(3, 4)
+                return t.reshape(*t.shape[:2], nh_t * nw_t, w2 * w2, t.shape[-1])
+
+            tq, tk, tv = tiles(pq), tiles(pk), tiles(pvv)
+            tvalid = tiles(pvalid[:, None, :, None].float()).squeeze(-1).bool()[:, 0]  # (B, T, w2*w2)
+            a = torch.arange(w2, device=q.device)
+            yy, xx = torch.meshgrid(a, a, indexing='ij')
+            yy, xx = yy.reshape(-1), xx.reshape(-1)
+            idx = (yy[None, :] - yy[:, None] + w2 - 1) * kw + (xx[None, :] - xx[:, None] + w2 - 1)
+            s = (tq @ tk.transpose(-1, -2)) * self.scale
+            if bias is not None:
+                s = s + bias[idx]
+            p = self.attn_drop(_masked_softmax(s, tvalid[:, None, :, None, :]))
+            o = p @ tv  # (B, H, T, w2*w2, d)
+            o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
+            outs.append(o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d))
+        else:
+            def unfold(t: Tensor) -> Tensor:
+                c = t.shape[-1]
+                img = t.reshape(b * nh, gh, gw, c).permute(0, 3, 1, 2)
+                u = F.unfold(img, kernel_size=kw, padding=w2 - 1)  # (B*H, c*kw*kw, N)
+                return u.reshape(b, nh, c, kw * kw, gh * gw).permute(0, 1, 4, 3, 2)  # (B, H, N, kw*kw, c)
+
+            nk, nv = unfold(pk), unfold(pvv)
+            nvalid = unfold(pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype))[..., 0] > 0.5
+            s = (pq.unsqueeze(-2) @ nk.transpose(-1, -2)).squeeze(-2) * self.scale  # (B, H, N, kw*kw)
+            if bias is not None:
+                s = s + bias
+            p = self.attn_drop(_masked_softmax(s, nvalid))
+            outs.append((p.unsqueeze(-2) @ nv).squeeze(-2))
+        return torch.cat(outs, dim=2)
+
+    def _branches(
+            self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor],
+            grid: Optional[Tuple[int, int]], n_pre: int,
+    ) -> Tuple[Tensor, Tensor]:
+        """Returns (F_local or None, z): the local output and the features compressed by CODE."""
+        if grid is None:
+            local = lambda block: self._local_1d(q, k, v, valid, block)
+        else:
+            local = lambda block: self._local_2d(q, k, v, valid, grid, n_pre, block)
+        f_local = local(False) if self.use_local else None
+        if not self.context_dissection:
+            z = v
+        elif self.dissection == 'sliding':
+            z = f_local
+        else:
+            z = local(True)
+        return f_local, z
+
+    def _combine(self, f_local: Optional[Tensor], f_global: Tensor) -> Tensor:
+        return f_global if f_local is None else 0.5 * (f_local + f_global)
+
+    def forward(
+            self,
+            x: Tensor,
+            attn_mask: Optional[Tensor] = None,
+            grid_size: Optional[Tuple[int, int]] = None,
+            num_prefix_tokens: int = 0,
+    ) -> Tensor:
+        """Parallel LAVO over a whole sequence.
+
+        Args:
+            x: (B, L, C) tokens.
+            attn_mask: Optional (B, L) bool key-padding mask, True = valid. Invalid tokens are left out
+                of the local windows and of the mean H (the count is over valid tokens).
+            grid_size: Non-causal only: (rows, cols) of the patch grid for the 2D local window; the
+                tokens are ``num_prefix_tokens`` prefix tokens followed by rows * cols patches, row-major.
+            num_prefix_tokens: Number of leading non-grid tokens (only with ``grid_size``).
+
+        Returns:
+            (B, L, C).
+        """
+        b, length, _ = x.shape
+        valid = _check_key_mask(attn_mask, b, length, 'attn_mask')
+        grid = self._check_grid(grid_size, num_prefix_tokens, length)
+        q, k, v = self._qkv(x)
+        f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
+        basis = self.basis()
+        proj = z @ basis.transpose(-1, -2)  # B z_t, (B, H, L, r)
+        m = None if valid is None else valid[:, None, :, None].to(proj.dtype)
+        if m is not None:
+            proj = proj * m
+        if self.causal:
+            num = proj.cumsum(dim=2)  # Eq. 4: H_t = (1/t) sum_{s<=t} B z_s
+            cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
+            cnt = cnt if m is None else m.cumsum(dim=2).clamp(min=1)
+            h = num / cnt
+        else:
+            cnt = length if m is None else m.sum(dim=2, keepdim=True).clamp(min=1)
+            h = proj.sum(dim=2, keepdim=True) / cnt  # Eq. 3 over the whole sequence
+        f_global = code_read(q, h, basis, self.scale, self.attn_drop)
+        return self._out(self._combine(f_local, f_global))
+
+    def _check_grid(
+            self, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: int, length: int,
+    ) -> Optional[Tuple[int, int]]:
+        if grid_size is None:
+            if num_prefix_tokens:
+                raise ValueError(f'num_prefix_tokens={num_prefix_tokens} is only used with grid_size')
+            return None
+        if self.causal:
+            raise ValueError('grid_size (2D local window) is only supported with causal=False')
+        gh, gw = int(grid_size[0]), int(grid_size[1])
+        if gh < 1 or gw < 1 or num_prefix_tokens < 0 or num_prefix_tokens + gh * gw != length:
+            raise ValueError(
+                f'grid_size={tuple(grid_size)} with num_prefix_tokens={num_prefix_tokens} describes '
+                f'{num_prefix_tokens + gh * gw} tokens, but the sequence has L={length}')
+        return gh, gw
+
+    # ----- recurrent form (causal decoding) -----
+
+    def _check_causal(self, what: str) -> None:
+        if not self.causal:
+            raise RuntimeError(f'{what} is only defined for causal=True')
+
+    def init_state(self, batch_size: int, device: Optional[torch.device] = None,
+                   dtype: Optional[torch.dtype] = None) -> LavoState:
+        """Empty decoding state: H = 0, count 0, zero key/value caches of w tokens."""
+        self._check_causal('init_state')
+        ref = self.qkv.weight
+        device = ref.device if device is None else device
+        dtype = ref.dtype if dtype is None else dtype
+        kv = (batch_size, self.num_heads, self.window, self.head_dim)
+        return LavoState(
+            h=torch.zeros(batch_size, self.num_heads, self.num_slots, device=device, dtype=dtype),
+            count=torch.zeros(batch_size, dtype=torch.long, device=device),
+            keys=torch.zeros(kv, device=device, dtype=dtype),
+            values=torch.zeros(kv, device=device, dtype=dtype),
+        )
+
+    def step(self, x_t: Tensor, state: LavoState) -> Tuple[Tensor, LavoState]:
+        """One causal token with O(w d + r d) work, independent of the position (Eq. 4).
+
+        Args:
+            x_t: (B, 1, C) the next token.
+            state: From :meth:`init_state`, :meth:`prefill` or a previous :meth:`step`.
+
+        Returns:
+            (y_t of shape (B, 1, C), the new state); y_t equals the parallel form at this position.
+        """
+        self._check_causal('step')
+        if x_t.dim() != 3 or x_t.shape[1] != 1:
+            raise ValueError(f'step expects one token of shape (B, 1, C), got {tuple(x_t.shape)}')
+        q, k, v = self._qkv(x_t)  # (B, H, 1, d)
+        w = self.window
+        keys = torch.cat([state.keys[:, :, 1:], k], dim=2)
+        values = torch.cat([state.values[:, :, 1:], v], dim=2)
+        count = state.count + 1
+        slot = torch.arange(w, device=x_t.device)
+        scores = (q @ keys.transpose(-1, -2)) * self.scale  # (B, H, 1, w); cache slot b is offset b - (w-1)
+        if self.use_epe and self.rel_bias is not None:
+            scores = scores + self.rel_bias[:w]
+
+        def attend(n_visible: Tensor) -> Tensor:
+            mask = (slot[None, :] >= w - n_visible[:, None])[:, None, None, :]
+            return self.attn_drop(_masked_softmax(scores, mask)) @ values
+
+        f_local = attend(count.clamp(max=w)) if self.use_local else None
+        if not self.context_dissection:
+            z = v
+        elif self.dissection == 'sliding':
+            z = f_local
+        else:
+            z = attend((count - 1) % w + 1)  # tokens of the current window of w
+        basis = self.basis()
+        proj = (z @ basis.transpose(-1, -2)).squeeze(2)  # (B, H, r)
+        h = state.h + (proj - state.h) / count[:, None, None].to(proj.dtype)  # Eq. 4
+        f_global = code_read(q, h.unsqueeze(2), basis, self.scale, self.attn_drop)
+        return self._out(self._combine(f_local, f_global)), LavoState(h=h, count=count, keys=keys, values=values)
+
+    def prefill(self, x: Tensor) -> Tuple[Tensor, LavoState]:
+        """Parallel forward over a prompt that also returns the decoding state after it.
+
+        Args:
+            x: (B, L, C) prompt, L >= 1, no padding.
+
+        Returns:
+            (forward(x), state) so that :meth:`step` continues the sequence.
+        """
+        self._check_causal('prefill')
+        b, length, _ = x.shape
+        if length < 1:
+            raise ValueError('prefill needs at least one token')
+        q, k, v = self._qkv(x)
+        f_local, z = self._branches(q, k, v, None, None, 0)
+        basis = self.basis()
+        proj = z @ basis.transpose(-1, -2)
+        cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
+        h = proj.cumsum(dim=2) / cnt
+        y = self._out(self._combine(f_local, code_read(q, h, basis, self.scale, self.attn_drop)))
+        w = self.window
+        pad = max(0, w - length)
+        state = LavoState(
+            h=h[:, :, -1],
+            count=torch.full((b,), length, dtype=torch.long, device=x.device),
+            keys=F.pad(k[:, :, -w:], (0, 0, pad, 0)),
+            values=F.pad(v[:, :, -w:], (0, 0, pad, 0)),
+        )
+        return y, state
+
+
+class LavoCrossAttention(nn.Module):
+    """LAVO cross-attention (Sec. 3.4, Eqs. 5-6): compress the source once, each query reads r slots.
+
+    ``Q = Y W_q``, ``X~ = CODE(X W_x)`` per head, output ``softmax(Q X~^T) X~``; no local branch.
+    Cost O(r d (n + m)). For ViT ``global_pool='lavo'``, pass learned queries as ``x`` and the patch
+    tokens as ``context``.
+
+    Args:
+        dim: Target (query) width C.
+        num_heads: Number of heads.
+        num_slots: r, memory slots per head (<= head_dim).
+        context_dim: Source width, default ``dim``.
+        basis: 'fixed' (default), 'orthogonal' or 'penalty'; see :class:`OrthogonalBasis`.
+        qkv_bias: Bias in the query / source projections.
+        qk_scale: Logit scale, default ``head_dim ** -0.5``.
+        attn_drop: Dropout on slot weights.
+        proj_drop: Dropout after the output projection.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            num_slots: int = 64,
+            context_dim: Optional[int] = None,
+            basis: str = 'fixed',
+            qkv_bias: bool = False,
+            qk_scale: Optional[float] = None,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        self.dim = dim
+        self.context_dim = dim if context_dim is None else context_dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.num_slots = num_slots
+        self.scale = qk_scale if qk_scale is not None else self.head_dim ** -0.5
+        self.basis = OrthogonalBasis(num_heads, num_slots, self.head_dim, mode=basis)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(self.context_dim, dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def orthogonality_penalty(self) -> Tensor:
+        """``||B B^T - I||_F^2`` summed over heads; add to the loss with ``basis='penalty'``."""
+        return self.basis.orthogonality_penalty()
+
+    def compress(self, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
+        """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r)."""
+        if context.dim() != 3 or context.shape[-1] != self.context_dim:
+            raise ValueError(
+                f'context must be (B, n, {self.context_dim}) (context_dim), got {tuple(context.shape)}')
+        b, n, _ = context.shape
+        valid = _check_key_mask(context_mask, b, n, 'context_mask')
+        src = self.kv(context).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        proj = src @ self.basis().transpose(-1, -2)  # (B, H, n, r)
+        if valid is None:
+            return proj.mean(dim=2, keepdim=True)
+        m = valid[:, None, :, None].to(proj.dtype)
+        return (proj * m).sum(dim=2, keepdim=True) / proj.shape[2]
+
+    def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
+        """Cross-attend targets to the compressed source.
+
+        Args:
+            x: (B, m, C) targets (queries).
+            context: (B, n, context_dim) source.
+            context_mask: Optional (B, n) bool, True where a source token is valid. A sample with no
+                valid source token has H = 0 and gets a zero attention output (before the projection).
+
+        Returns:
+            (B, m, C).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f'x must be (B, m, {self.dim}) (dim), got {tuple(x.shape)}')
+        if context.dim() == 3 and context.shape[0] != x.shape[0]:
+            raise ValueError(f'batch sizes differ: x has {x.shape[0]}, context has {context.shape[0]}')
+        b, m, _ = x.shape
+        h = self.compress(context, context_mask)
+        q = self.q(x).reshape(b, m, self.num_heads, self.head_dim).transpose(1, 2)
+        out = code_read(q, h, self.basis(), self.scale, self.attn_drop)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, m, self.dim)))

@@ -1,0 +1,224 @@
+"""PoPE attention: content in softplus magnitudes, position in phases, a learned phase bias.
+
+Paper: Gopalakrishnan et al., "Decoupling the 'What' and 'Where' with Polar Coordinate Positional
+Embedding" (PoPE), Sec. 3, Eqs. 3-6:
+
+    q~_tc = softplus(q_tc) e^{i t w_c},   k~_sc = softplus(k_sc) e^{i (s w_c + delta_c)}
+    a_ts  = Re sum_c q~_tc conj(k~_sc) = sum_c softplus(q_tc) softplus(k_sc) cos((s - t) w_c + delta_c)
+
+with d frequencies w_c = theta^{-(c-1)/d} (the authors' code; the v3 PDF prints the exponent without
+its minus sign) and delta_c learned per head and channel, zero-initialised, in [-2 pi, 0].
+
+Real-valued fast path (Eq. 10): q_real = softplus(q) [cos(t w), sin(t w)] and
+k_real = softplus(k) [cos(s w + delta), sin(s w + delta)] have width 2d and their dot product is
+a_ts, so ONE ``F.scaled_dot_product_attention`` call (q/k width 2d, v width d) is exact.
+"""
+import math
+from typing import Optional, Tuple, Type, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.jit import Final
+
+from timm.layers.attention import resolve_self_attn_mask
+
+from .coords import resolve_token_coords
+
+__all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias']
+
+
+def wrap_phase_bias(raw: Tensor) -> Tensor:
+    """Map the unconstrained phase bias into (-2 pi, 0] by wrapping, ``delta = -((-raw) mod 2 pi)``.
+
+    cos is 2 pi periodic, so the wrapped value gives exactly the same scores as ``raw``; the map has
+    derivative 1 everywhere, so (unlike a clamp) the gradient never freezes at the bounds.
+    """
+    return -torch.remainder(-raw, 2 * math.pi)
+
+
+class PopePhases(nn.Module):
+    """Fixed PoPE frequencies and the learned per-head phase bias delta (Eqs. 4-6).
+
+    In 1D channel c rotates with phase t w_c over the d channels. In 2D the channels are split in
+    two contiguous halves: the first half rotates with x, the second with y, each half with its own
+    full ladder w_c = theta^{-c / (d/2)}. Prefix tokens (class, register) are not rotated: phase 0
+    and no delta (like timm's RoPE ViTs leave prefix tokens unrotated), so a prefix token's score
+    with a positioned token depends on that token's phase only, not on a relative offset.
+
+    Args:
+        num_heads: Heads H.
+        head_dim: Real content channels d per head (complex width d, real width 2d).
+        num_spatial_dims: 1 or 2 (2 needs an even head_dim).
+        freq_base: theta; default 10000 (1D) or 100 (2D).
+        learn_bias: Learn delta (the paper's full PoPE); False gives the 'No learned delta' ablation.
+        num_prefix_tokens: Leading tokens without coordinates.
+    """
+
+    def __init__(
+            self,
+            num_heads: int,
+            head_dim: int,
+            num_spatial_dims: int = 1,
+            freq_base: Optional[float] = None,
+            learn_bias: bool = True,
+            num_prefix_tokens: int = 0,
+    ) -> None:
+        super().__init__()
+        if num_spatial_dims not in (1, 2):
+            raise ValueError(f'num_spatial_dims must be 1 or 2, got {num_spatial_dims}')
+        if num_spatial_dims == 2 and head_dim % 2:
+            raise ValueError(f'2D PoPE splits the head dim between x and y; head dim {head_dim} is odd')
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_spatial_dims = num_spatial_dims
+        self.num_prefix_tokens = num_prefix_tokens
+        base = float(freq_base if freq_base is not None else (10000.0 if num_spatial_dims == 1 else 100.0))
+        self.freq_base = base
+        per_axis = head_dim // num_spatial_dims
+        ladder = base ** (-torch.arange(per_axis, dtype=torch.float64) / per_axis)
+        # (D, d): row a holds w_c on the channels rotated by axis a, zero elsewhere
+        freqs = torch.zeros(num_spatial_dims, head_dim, dtype=torch.float64)
+        for axis in range(num_spatial_dims):
+            freqs[axis, axis * per_axis:(axis + 1) * per_axis] = ladder
+        self.register_buffer('freqs', freqs.float(), persistent=False)
+        if learn_bias:
+            self.phase_bias_raw = nn.Parameter(torch.zeros(num_heads, head_dim))
+        else:
+            self.register_buffer('phase_bias_raw', torch.zeros(num_heads, head_dim), persistent=False)
+
+    @property
+    def phase_bias(self) -> Tensor:
+        """delta in (-2 pi, 0]: (H, d)."""
+        return wrap_phase_bias(self.phase_bias_raw)
+
+    def phases(self, coords: Tensor) -> Tuple[Tensor, Tensor]:
+        """Query and key phases of all tokens, prefix tokens first.
+
+        Args:
+            coords: (M, D) coordinates of the non-prefix tokens.
+
+        Returns:
+            (q_phase (1, N, d), k_phase (H, N, d)): t w_c and s w_c + delta_c.
+        """
+        pos_phase = coords @ self.freqs.to(coords.dtype)  # (M, d)
+        if self.num_prefix_tokens:
+            pos_phase = torch.cat([pos_phase.new_zeros(self.num_prefix_tokens, self.head_dim), pos_phase], dim=0)
+        delta = wrap_phase_bias(self.phase_bias_raw).to(coords.dtype)[:, None, :]  # (H, 1, d)
+        k_phase = pos_phase.unsqueeze(0) + delta
+        if self.num_prefix_tokens:
+            k_phase = torch.cat([
+                pos_phase.new_zeros(self.num_heads, self.num_prefix_tokens, self.head_dim),
+                k_phase[:, self.num_prefix_tokens:],
+            ], dim=1)
+        return pos_phase.unsqueeze(0), k_phase
+
+
+def pope_features(magnitude: Tensor, phase: Tensor) -> Tensor:
+    """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10)."""
+    return torch.cat([magnitude * phase.cos(), magnitude * phase.sin()], dim=-1)
+
+
+class PopeAttention(nn.Module):
+    """Multi-head self-attention with PoPE (polar) positions, computed by one SDPA call.
+
+    Same API as ``GoatAttention``: ``forward(x, coords=None, attn_mask=None, is_causal=False,
+    return_attn=False)``. Scores are scaled by 1 / sqrt(d_h) as in standard attention.
+
+    Args:
+        dim: Embedding width C.
+        num_heads: Heads H (d_h = C / H real channels per head).
+        num_spatial_dims: 1 or 2.
+        num_prefix_tokens: Leading tokens without coordinates (see ``PopePhases``).
+        grid_size: (rows, cols) used when ``coords`` is None in 2D.
+        freq_base: theta (see ``PopePhases``).
+        learn_bias: Learn the phase bias delta.
+        qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer: As timm's ``Attention``; qk_norm acts
+            on the pre-softplus q, k.
+    """
+    fused_attn: Final[bool]
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            num_spatial_dims: int = 2,
+            num_prefix_tokens: int = 0,
+            grid_size: Optional[Tuple[int, int]] = None,
+            freq_base: Optional[float] = None,
+            learn_bias: bool = True,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        head_dim = dim // num_heads
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_spatial_dims = num_spatial_dims
+        self.num_prefix_tokens = num_prefix_tokens
+        self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+        self.scale = head_dim ** -0.5
+        self.fused_attn = fused_attn
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.phases = PopePhases(
+            num_heads, head_dim, num_spatial_dims=num_spatial_dims, freq_base=freq_base,
+            learn_bias=learn_bias, num_prefix_tokens=num_prefix_tokens)
+
+    def set_grid_size(self, grid_size: Optional[Tuple[int, int]]) -> None:
+        """Default patch grid used when ``coords`` is None (2D)."""
+        self.grid_size = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+
+    def forward(
+            self,
+            x: Tensor,
+            coords: Optional[Tensor] = None,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+            return_attn: bool = False,
+    ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
+
+        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the
+        explicit dense path (probs: (B, H, N, N)).
+        """
+        B, N, C = x.shape
+        if attn_mask is not None and is_causal:
+            raise ValueError('pass either attn_mask or is_causal=True, not both (SDPA semantics)')
+        coords = resolve_token_coords(
+            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size, x.device)
+        q_phase, k_phase = self.phases.phases(coords)
+
+        H, dh = self.num_heads, self.head_dim
+        q, k, v = self.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        q = F.softplus(self.q_norm(q))
+        k = F.softplus(self.k_norm(k))
+        q = pope_features(q, q_phase.to(q.dtype)) * self.scale
+        k = pope_features(k, k_phase.to(k.dtype))
+
+        if return_attn or not self.fused_attn:
+            logits = q @ k.transpose(-2, -1)
+            bias = resolve_self_attn_mask(N, logits, attn_mask, is_causal)
+            if bias is not None:
+                logits = logits + bias
+            probs = logits.softmax(dim=-1)
+            out = self.attn_drop(probs) @ v
+            out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+            if return_attn:
+                return out, probs
+            return out
+
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
+            dropout_p=self.attn_drop.p if self.training else 0.)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

@@ -1,0 +1,343 @@
+"""Vision Transformers whose attention carries positional priors (GOAT, PoPE), as timm models.
+
+The models follow timm's ``VisionTransformer`` contract (they subclass it) without any learned
+absolute position table: every block receives the per-token (x, y) patch coordinates of the current
+grid, so a model trained at 224 evaluates at any resolution (square or not) with no interpolation.
+
+Papers: GOAT (Litman & Guo, Sec. 4, Eq. 12 / 20 axis-wise 2D prior); PoPE (Gopalakrishnan et al.,
+Eqs. 3-6, applied axis-wise over (x, y)).
+"""
+from functools import lru_cache, partial
+from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
+
+import torch
+from torch import Tensor, nn
+
+from timm.layers import DropPath, LayerScale, Mlp
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, register_notrace_function
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+from timm.models.vision_transformer import VisionTransformer
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+from ..layers import GoatAttention, PopeAttention, grid_coords
+
+__all__ = ['PriorBlock', 'PriorVisionTransformer', 'patch_grid_coords']
+
+POSITIONAL_ATTENTION = {'goat': GoatAttention, 'pope': PopeAttention}
+
+
+@lru_cache(maxsize=32)
+def _cached_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
+    return grid_coords((rows, cols), device=device)
+
+
+@register_notrace_function
+def patch_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
+    """(rows * cols, 2) (x, y) coordinates of a patch grid, cached per grid and device in eager mode.
+
+    A leaf for torch.fx (the grid comes from the input shape), plain code under TorchScript.
+    """
+    if torch.jit.is_scripting():
+        return grid_coords((rows, cols), device=device)
+    return _cached_grid_coords(int(rows), int(cols), torch.device(device))
+
+
+class PriorBlock(nn.Module):
+    """Pre-norm transformer block whose attention takes token coordinates.
+
+    Accepts the keyword arguments timm's ``VisionTransformer`` passes to ``block_fn``.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            scale_attn_norm: bool = False,
+            scale_mlp_norm: bool = False,
+            proj_bias: bool = True,
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            init_values: Optional[float] = None,
+            drop_path: float = 0.,
+            act_layer: Type[nn.Module] = nn.GELU,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            mlp_layer: Type[nn.Module] = Mlp,
+            attn_layer: Type[nn.Module] = GoatAttention,
+            depth: int = 0,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        if scale_attn_norm or not proj_bias:
+            raise ValueError('PriorBlock supports neither scale_attn_norm nor proj_bias=False')
+        self.norm1 = norm_layer(dim)
+        self.attn = attn_layer(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+            proj_drop=proj_drop, norm_layer=norm_layer)
+        self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = mlp_layer(
+            in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer,
+            norm_layer=norm_layer if scale_mlp_norm else None, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(
+            self,
+            x: Tensor,
+            coords: Optional[Tensor] = None,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+    ) -> Tensor:
+        y = self.attn(self.norm1(x), coords, attn_mask, is_causal, False)
+        if torch.jit.is_scripting():
+            assert isinstance(y, Tensor)  # refine the Union return for TorchScript
+            x = x + self.drop_path1(self.ls1(y))
+        else:
+            x = x + self.drop_path1(self.ls1(y))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class PriorVisionTransformer(VisionTransformer):
+    """timm ``VisionTransformer`` with a positional-prior attention in every block and no position table.
+
+    Args:
+        pos_attn: 'goat' or 'pope'.
+        attn_kwargs: Extra options of the attention layer (e.g. ``num_modes``, ``prior_init``,
+            ``freq_base``, ``learn_freqs`` for GOAT; ``freq_base``, ``learn_bias`` for PoPE).
+        dynamic_img_size: Accept any input size divisible by the patch (default True: these
+            models have nothing to resample).
+        **kwargs: Everything timm's ``VisionTransformer`` accepts, except a learned ``pos_embed``
+            and ``patch_drop_rate`` (dropping patches would need per-sample coordinates).
+    """
+
+    def __init__(
+            self,
+            pos_attn: str = 'goat',
+            attn_kwargs: Optional[Dict[str, Any]] = None,
+            dynamic_img_size: bool = True,
+            **kwargs,
+    ) -> None:
+        if pos_attn not in POSITIONAL_ATTENTION:
+            raise ValueError(f'pos_attn must be one of {sorted(POSITIONAL_ATTENTION)}, got {pos_attn!r}')
+        if kwargs.get('pos_embed', 'none') not in ('', 'none'):
+            raise ValueError(f"{pos_attn} ViTs carry position in attention; pos_embed must be 'none', "
+                             f"got {kwargs['pos_embed']!r}")
+        if kwargs.get('patch_drop_rate', 0.) > 0:
+            raise ValueError('patch_drop_rate > 0 is not supported: it would need per-sample token coordinates')
+        num_prefix_tokens = int(kwargs.get('class_token', True)) + int(kwargs.get('reg_tokens', 0))
+        attn_layer = partial(
+            POSITIONAL_ATTENTION[pos_attn], num_spatial_dims=2, num_prefix_tokens=num_prefix_tokens,
+            **(attn_kwargs or {}))
+        kwargs['pos_embed'] = 'none'
+        super().__init__(dynamic_img_size=dynamic_img_size, block_fn=PriorBlock, attn_layer=attn_layer, **kwargs)
+        self.pos_attn = pos_attn
+        self._set_block_grid_size()
+
+    def _set_block_grid_size(self) -> None:
+        grid = tuple(self.patch_embed.grid_size)
+        for blk in self.blocks:
+            blk.attn.set_grid_size(grid)
+
+    def set_input_size(
+            self,
+            img_size: Optional[Tuple[int, int]] = None,
+            patch_size: Optional[Tuple[int, int]] = None,
+    ) -> None:
+        """Change the default input resolution; the priors need no resampling, only the new grid."""
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
+        self._set_block_grid_size()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Class / register tokens and every positional-prior parameter (alpha, beta, biases, delta)."""
+        skip = set(super().no_weight_decay())
+        for name, _ in self.named_parameters():
+            if '.attn.prior.' in name or '.attn.phases.' in name:
+                skip.add(name)
+        return skip
+
+    def _embed_with_coords(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """Patch tokens (NHWC or NLC) -> prefix + patch tokens (NLC) and patch coordinates."""
+        if self.dynamic_img_size:
+            B, H, W, C = x.shape
+            x = x.reshape(B, H * W, C)
+        else:
+            H, W = self.patch_embed.grid_size[0], self.patch_embed.grid_size[1]
+        coords = patch_grid_coords(H, W, x.device)
+        to_cat: List[Tensor] = []
+        if self.cls_token is not None:
+            to_cat.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            to_cat.append(self.reg_token.expand(x.shape[0], -1, -1))
+        if len(to_cat) > 0:
+            x = torch.cat(to_cat + [x], dim=1)
+        return self.pos_drop(x), coords
+
+    def forward_features(
+            self,
+            x: Tensor,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+    ) -> Tensor:
+        x = self.patch_embed(x)
+        x, coords = self._embed_with_coords(x)
+        x = self.norm_pre(x)
+        for blk in self.blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, coords, attn_mask, is_causal)
+            else:
+                x = blk(x, coords, attn_mask, is_causal)
+        return self.norm(x)
+
+    def forward_intermediates(
+            self,
+            x: Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            return_prefix_tokens: bool = False,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+            output_dict: bool = False,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]], Dict[str, Any]]:
+        """Forward features returning intermediates (timm's ``forward_intermediates`` contract)."""
+        assert output_fmt in ('NCHW', 'NLC'), 'Output format must be one of NCHW or NLC.'
+        reshape = output_fmt == 'NCHW'
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+
+        B, _, height, width = x.shape
+        x = self.patch_embed(x)
+        x, coords = self._embed_with_coords(x)
+        x = self.norm_pre(x)
+
+        if torch.jit.is_scripting() or not stop_early:  # can't slice blocks in torchscript
+            blocks = self.blocks
+        else:
+            blocks = self.blocks[:max_index + 1]
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, coords, attn_mask, is_causal)
+            else:
+                x = blk(x, coords, attn_mask, is_causal)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+
+        if self.num_prefix_tokens:
+            prefix_tokens = [y[:, 0:self.num_prefix_tokens] for y in intermediates]
+            intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
+        else:
+            prefix_tokens = None
+
+        if reshape:
+            H, W = self.patch_embed.dynamic_feat_size((height, width))
+            intermediates = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+
+        if output_dict:
+            result_dict = {}
+            result_dict['image_intermediates'] = intermediates
+            if prefix_tokens is not None and return_prefix_tokens:
+                result_dict['image_intermediates_prefix'] = prefix_tokens
+            if not intermediates_only:
+                result_dict['image_features'] = self.norm(x)
+            return result_dict
+
+        if not torch.jit.is_scripting() and return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+
+def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
+    return {
+        'url': url,
+        'num_classes': 1000,
+        'input_size': (3, 224, 224),
+        'pool_size': None,
+        'crop_pct': 0.9,
+        'interpolation': 'bicubic',
+        'fixed_input_size': False,
+        'mean': IMAGENET_DEFAULT_MEAN,
+        'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj',
+        'classifier': 'head',
+        'license': 'apache-2.0',
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    'vit_tiny_patch16_goat_224.untrained': _cfg(),
+    'vit_small_patch16_goat_224.untrained': _cfg(),
+    'vit_base_patch16_goat_224.untrained': _cfg(),
+    'vit_tiny_patch16_pope_224.untrained': _cfg(),
+    'vit_small_patch16_pope_224.untrained': _cfg(),
+    'vit_base_patch16_pope_224.untrained': _cfg(),
+})
+
+
+def _create_prior_vit(variant: str, pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        PriorVisionTransformer, variant, pretrained,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
+
+
+SIZES = {
+    'tiny': dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    'small': dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    'base': dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+
+def _entry(size: str, pos_attn: str, pretrained: bool, kwargs: Dict[str, Any]) -> PriorVisionTransformer:
+    model_args = dict(SIZES[size], pos_attn=pos_attn)
+    return _create_prior_vit(f'vit_{size}_patch16_{pos_attn}_224', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_tiny_patch16_goat_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-Ti/16 with the 2D GOAT prior (R = 4 modes per axis: d_p = 18 of 64 head dims)."""
+    return _entry('tiny', 'goat', pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_goat_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-S/16 with the 2D GOAT prior (the paper's Fig. 5 model)."""
+    return _entry('small', 'goat', pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_goat_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-B/16 with the 2D GOAT prior."""
+    return _entry('base', 'goat', pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_pope_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-Ti/16 with 2D PoPE phases."""
+    return _entry('tiny', 'pope', pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_pope_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-S/16 with 2D PoPE phases."""
+    return _entry('small', 'pope', pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_pope_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-B/16 with 2D PoPE phases."""
+    return _entry('base', 'pope', pretrained, kwargs)
