@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords']
+__all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords', 'check_mask_args']
 
 
 def grid_coords(
@@ -54,8 +54,9 @@ def resolve_token_coords(
         num_prefix_tokens: int,
         grid_size: Optional[Tuple[int, int]],
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Validate per-token coordinates, or build the default ones, as (num_tokens, D) float32.
+    """Validate per-token coordinates, or build the default ones, as (num_tokens, D) in ``dtype``.
 
     Args:
         coords: (N,) or (N, 1) in 1D, (N, 2) as (x, y) in 2D, floating point; None for the default
@@ -65,27 +66,41 @@ def resolve_token_coords(
         num_prefix_tokens: Only used in the error message.
         grid_size: (rows, cols) default grid in 2D.
         device: Device of the result.
+        dtype: Floating dtype of the result (the positional parameters' dtype, so that positions
+            stay in full precision under autocast).
+
+    Callers register it with ``torch.fx.wrap`` in their module: under torch.fx it is one leaf call,
+    run on concrete values, so every check still happens.
 
     Raises:
         ValueError: naming the offending shape / dtype / grid and what is expected.
     """
     if coords is None:
         if num_spatial_dims == 1:
-            return sequence_coords(num_tokens, device=device)
+            return sequence_coords(num_tokens, device=device, dtype=dtype)
         if grid_size is None or grid_size[0] * grid_size[1] != num_tokens:
             raise ValueError(
                 f'coords=None needs the default grid, but grid_size={grid_size} does not hold the '
                 f'{num_tokens} non-prefix tokens; pass coords of shape ({num_tokens}, 2) or call set_grid_size()')
-        return grid_coords(grid_size, device=device)
+        return grid_coords(grid_size, device=device, dtype=dtype)
     if coords.dim() == 1 and num_spatial_dims == 1:
         coords = coords.unsqueeze(-1)
     if not torch.jit.is_scripting():
-        if not torch.fx._symbolic_trace.is_fx_symbolic_tracing():
-            if not coords.is_floating_point():
-                raise ValueError(f'coords must be a floating-point tensor, got dtype {coords.dtype}')
-            if coords.dim() != 2 or coords.shape[0] != num_tokens or coords.shape[1] != num_spatial_dims:
-                raise ValueError(
-                    f'coords has shape {tuple(coords.shape)}, expected ({num_tokens}, {num_spatial_dims}): '
-                    f'one row per non-prefix token ({num_tokens + num_prefix_tokens} tokens - '
-                    f'{num_prefix_tokens} prefix) with {num_spatial_dims} coordinate(s)')
-    return coords.to(device=device, dtype=torch.float32)
+        if not coords.is_floating_point():
+            raise ValueError(f'coords must be a floating-point tensor, got dtype {coords.dtype}')
+        if coords.dim() != 2 or coords.shape[0] != num_tokens or coords.shape[1] != num_spatial_dims:
+            raise ValueError(
+                f'coords has shape {tuple(coords.shape)}, expected ({num_tokens}, {num_spatial_dims}): '
+                f'one row per non-prefix token ({num_tokens + num_prefix_tokens} tokens - '
+                f'{num_prefix_tokens} prefix) with {num_spatial_dims} coordinate(s)')
+    return coords.to(device=device, dtype=dtype)
+
+
+def check_mask_args(attn_mask: Optional[Tensor], is_causal: bool) -> None:
+    """Reject an explicit mask together with ``is_causal`` (SDPA semantics).
+
+    Callers register it with ``torch.fx.wrap('check_mask_args')`` in their own module, so torch.fx
+    records a call (the arguments are graph inputs there) instead of tracing into the check.
+    """
+    if attn_mask is not None and is_causal:
+        raise ValueError('pass either attn_mask or is_causal=True, not both (SDPA semantics)')

@@ -24,7 +24,11 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
-from .coords import resolve_token_coords
+from .coords import check_mask_args, resolve_token_coords
+
+# leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
+torch.fx.wrap('check_mask_args')
+torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim']
 
@@ -114,18 +118,16 @@ class GoatPrior(nn.Module):
         self.abs_pos_scale = float(abs_pos_scale if abs_pos_scale is not None else (14.0 if is_2d else 2048.0))
         self.learn_freqs = learn_freqs
 
-        ladder = self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
-        log_freqs = ladder.log().float().expand(num_spatial_dims, num_modes).clone()
         if learn_freqs:
-            self.log_freqs = nn.Parameter(log_freqs)
+            ladder = self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
+            self.log_freqs = nn.Parameter(ladder.log().float().expand(num_spatial_dims, num_modes).clone())
         else:
-            self.register_buffer('log_freqs', log_freqs, persistent=False)
+            self.log_freqs = None  # fixed ladder, computed in the positions' dtype (no rounded buffer)
 
         self.alpha = nn.Parameter(torch.zeros(num_heads, num_spatial_dims, num_modes))
         self.beta = nn.Parameter(torch.zeros(num_heads, num_spatial_dims, num_modes))
 
-        abs_ladder = 100.0 ** (-torch.arange(abs_num_freqs, dtype=torch.float32) / max(abs_num_freqs, 1))
-        self.register_buffer('abs_freqs', abs_ladder, persistent=False)
+        self.abs_num_freqs = abs_num_freqs
         abs_features = num_spatial_dims * (2 * abs_num_freqs + 1)
         if key_mlp_hidden > 0:
             self.key_mlp = nn.Sequential(
@@ -168,21 +170,36 @@ class GoatPrior(nn.Module):
         self.reset_parameters()
 
     def _fit_symmetric_decay(self, slopes: Tensor) -> Tensor:
-        """Least-squares cosine coefficients with sum_r a_r cos(w_r d) + c ~= -m |d| on |d| <= extent."""
+        """Ridge fit of cosine coefficients: sum_r a_r cos(w_r d) + c ~= -m |d| on |d| <= extent.
+
+        The constant c (a row constant, which softmax ignores) is fitted but dropped; the small ridge
+        term keeps the near-collinear low frequencies from blowing up.
+        """
         offsets = torch.arange(-self.alibi_extent, self.alibi_extent + 1, dtype=torch.float64)
-        freqs = self.log_freqs.detach().double().exp()  # (D, R)
+        freqs = self.frequencies(torch.float64, torch.device('cpu')).detach()  # (D, R)
         alpha = torch.zeros(self.num_heads, self.num_spatial_dims, self.num_modes, dtype=torch.float64)
+        targets = -slopes[None, :] * offsets.abs()[:, None]  # (n, H)
+        ridge = torch.eye(self.num_modes + 1, dtype=torch.float64) * 1e-3 * len(offsets)
+        ridge[-1, -1] = 0.0
         for axis in range(self.num_spatial_dims):
-            basis = torch.cat([torch.cos(offsets[:, None] * freqs[axis][None]), torch.ones(len(offsets), 1,
-                              dtype=torch.float64)], dim=1)  # constant column absorbs the row constant
-            targets = -slopes[None, :] * offsets.abs()[:, None]  # (n, H)
-            solution = torch.linalg.lstsq(basis, targets).solution  # (R + 1, H)
+            basis = torch.cat([torch.cos(offsets[:, None] * freqs[axis][None]),
+                               torch.ones(len(offsets), 1, dtype=torch.float64)], dim=1)
+            solution = torch.linalg.solve(basis.T @ basis + ridge, basis.T @ targets)  # (R + 1, H)
             alpha[:, axis] = solution[:-1].T / self.num_spatial_dims
         return alpha
 
+    def frequencies(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """Mode frequencies w_{a,r}: (D, R); learned (log-parametrised) or the fixed ladder."""
+        if self.log_freqs is not None:
+            return self.log_freqs.to(dtype).exp()
+        exponents = torch.arange(self.num_modes, dtype=dtype, device=device) / self.num_modes
+        return torch.pow(self.freq_base, -exponents).expand(self.num_spatial_dims, self.num_modes)
+
     def abs_features(self, coords: Tensor) -> Tensor:
         """phi_abs(p): per axis, sinusoids of p and p / abs_pos_scale (input of g_h, Eq. 21)."""
-        phase = coords.unsqueeze(-1) * self.abs_freqs.to(coords.dtype)  # (M, D, F)
+        exponents = torch.arange(self.abs_num_freqs, dtype=coords.dtype, device=coords.device)
+        abs_freqs = torch.pow(100.0, -exponents / max(self.abs_num_freqs, 1))  # nu_m = 100^(-m / F)
+        phase = coords.unsqueeze(-1) * abs_freqs  # (M, D, F)
         feats = torch.cat([phase.sin(), phase.cos(), coords.unsqueeze(-1) / self.abs_pos_scale], dim=-1)
         return feats.flatten(1)
 
@@ -209,7 +226,7 @@ class GoatPrior(nn.Module):
             (q_pos, k_pos), each (H, P + M, d_p): ``q_pos[h, i] . k_pos[h, j]`` is the log-prior.
         """
         num_heads = self.num_heads
-        freqs = self.log_freqs.to(coords.dtype).exp()  # (D, R)
+        freqs = self.frequencies(coords.dtype, coords.device)  # (D, R)
         phase = coords.unsqueeze(-1) * freqs  # (M, D, R)
         cos, sin = phase.cos(), phase.sin()
         alpha = self.alpha.to(coords.dtype)[:, None]  # (H, 1, D, R)
@@ -223,13 +240,10 @@ class GoatPrior(nn.Module):
         k_pos = torch.cat([k_rel, u.unsqueeze(-1), zeros.unsqueeze(-1)], dim=-1)
         if self.prefix_bias is not None:
             num_prefix = self.num_prefix_tokens
-            q_pre = coords.new_zeros(num_heads, num_prefix, self.positional_dim)
-            q_pre[:, :, -2] = 1.0
-            k_pre = torch.cat([
-                coords.new_zeros(num_heads, num_prefix, self.positional_dim - 2),
-                self.prefix_bias.to(coords.dtype).unsqueeze(-1),
-                coords.new_zeros(num_heads, num_prefix, 1),
-            ], dim=-1)
+            rel_zeros = coords.new_zeros(num_heads, num_prefix, self.positional_dim - 2)
+            pad = coords.new_zeros(num_heads, num_prefix, 1)
+            q_pre = torch.cat([rel_zeros, torch.ones_like(pad), pad], dim=-1)
+            k_pre = torch.cat([rel_zeros, self.prefix_bias.to(coords.dtype).unsqueeze(-1), pad], dim=-1)
             q_pos = torch.cat([q_pre, q_pos], dim=1)
             k_pos = torch.cat([k_pre, k_pos], dim=1)
         return q_pos, k_pos
@@ -330,7 +344,7 @@ class GoatAttention(nn.Module):
                 raise ValueError('prior_logits() needs coords, num_tokens or a configured grid_size')
         coords = resolve_token_coords(
             coords, num_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
-            self.prior.alpha.device)
+            self.prior.alpha.device, self.prior.alpha.dtype)
         return self.prior.prior_logits(coords)
 
     def forward(
@@ -347,10 +361,10 @@ class GoatAttention(nn.Module):
         explicit dense path (probs: (B, H, N, N)).
         """
         B, N, C = x.shape
-        if attn_mask is not None and is_causal:
-            raise ValueError('pass either attn_mask or is_causal=True, not both (SDPA semantics)')
+        check_mask_args(attn_mask, is_causal)
         coords = resolve_token_coords(
-            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size, x.device)
+            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
+            x.device, self.prior.alpha.dtype)
         q_pos, k_pos = self.prior.qk_coordinates(coords)
         q_pos = q_pos.to(x.dtype)
         k_pos = k_pos.to(x.dtype)

@@ -23,7 +23,11 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
-from .coords import resolve_token_coords
+from .coords import check_mask_args, resolve_token_coords
+
+# leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
+torch.fx.wrap('check_mask_args')
+torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias']
 
@@ -75,13 +79,7 @@ class PopePhases(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         base = float(freq_base if freq_base is not None else (10000.0 if num_spatial_dims == 1 else 100.0))
         self.freq_base = base
-        per_axis = head_dim // num_spatial_dims
-        ladder = base ** (-torch.arange(per_axis, dtype=torch.float64) / per_axis)
-        # (D, d): row a holds w_c on the channels rotated by axis a, zero elsewhere
-        freqs = torch.zeros(num_spatial_dims, head_dim, dtype=torch.float64)
-        for axis in range(num_spatial_dims):
-            freqs[axis, axis * per_axis:(axis + 1) * per_axis] = ladder
-        self.register_buffer('freqs', freqs.float(), persistent=False)
+        self.per_axis = head_dim // num_spatial_dims
         if learn_bias:
             self.phase_bias_raw = nn.Parameter(torch.zeros(num_heads, head_dim))
         else:
@@ -101,7 +99,10 @@ class PopePhases(nn.Module):
         Returns:
             (q_phase (1, N, d), k_phase (H, N, d)): t w_c and s w_c + delta_c.
         """
-        pos_phase = coords @ self.freqs.to(coords.dtype)  # (M, d)
+        # channel block a rotates with axis a; w_c = theta^(-c / per_axis) within each block
+        exponents = torch.arange(self.per_axis, dtype=coords.dtype, device=coords.device) / self.per_axis
+        ladder = torch.pow(self.freq_base, -exponents)  # (per_axis,)
+        pos_phase = (coords.unsqueeze(-1) * ladder).flatten(1)  # (M, D * per_axis) = (M, d)
         if self.num_prefix_tokens:
             pos_phase = torch.cat([pos_phase.new_zeros(self.num_prefix_tokens, self.head_dim), pos_phase], dim=0)
         delta = wrap_phase_bias(self.phase_bias_raw).to(coords.dtype)[:, None, :]  # (H, 1, d)
@@ -193,10 +194,10 @@ class PopeAttention(nn.Module):
         explicit dense path (probs: (B, H, N, N)).
         """
         B, N, C = x.shape
-        if attn_mask is not None and is_causal:
-            raise ValueError('pass either attn_mask or is_causal=True, not both (SDPA semantics)')
+        check_mask_args(attn_mask, is_causal)
         coords = resolve_token_coords(
-            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size, x.device)
+            coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
+            x.device, self.phases.phase_bias_raw.dtype)
         q_phase, k_phase = self.phases.phases(coords)
 
         H, dh = self.num_heads, self.head_dim

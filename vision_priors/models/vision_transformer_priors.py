@@ -32,6 +32,7 @@ def _cached_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
     return grid_coords((rows, cols), device=device)
 
 
+@torch.fx.wrap
 @register_notrace_function
 def patch_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
     """(rows * cols, 2) (x, y) coordinates of a patch grid, cached per grid and device in eager mode.

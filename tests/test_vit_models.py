@@ -1,0 +1,164 @@
+"""Our ViTs against timm's model contract, offline (timm's own suite runs in test_timm_suite.py)."""
+import pytest
+import torch
+import timm
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+from timm.models import get_notrace_functions, get_notrace_modules
+
+import vision_priors  # noqa: F401  (registers the models)
+from vision_priors.models import PriorVisionTransformer
+
+OUR_MODELS = [
+    f'vit_{size}_patch16_{kind}_224' for kind in ('goat', 'pope') for size in ('tiny', 'small', 'base')]
+TINY = ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224']
+
+
+def _small(name: str, **kwargs):
+    """A 2-block variant: the contract does not depend on depth, and tests stay fast."""
+    return timm.create_model(name, **dict(dict(depth=2), **kwargs))
+
+
+def test_all_models_registered_with_default_cfgs():
+    assert sorted(timm.list_models(['*goat*', '*pope*'])) == sorted(OUR_MODELS)
+    for name in OUR_MODELS:
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg.input_size == (3, 224, 224) and cfg.fixed_input_size is False
+
+
+@pytest.mark.parametrize('name', OUR_MODELS)
+def test_every_model_builds_and_runs(name):
+    model = timm.create_model(name, num_classes=7).eval()
+    assert isinstance(model, PriorVisionTransformer) and model.pos_embed is None
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 64, 96))
+    assert out.shape == (1, 7) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_unseen_resolutions_without_interpolation(name):
+    model = _small(name).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x224 = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        ref = model(x224)
+        for size in [(160, 160), (288, 288), (384, 384), (512, 512), (224, 320), (320, 160)]:
+            out = model(torch.randn(2, 3, *size))
+            assert out.shape == (2, 1000) and torch.isfinite(out).all(), size
+        # the per-grid coordinate cache was rebuilt for every size and 224 still gives the same result
+        torch.testing.assert_close(model(x224), ref, rtol=0, atol=0)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # nothing was resampled
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_fixed_size_mode_and_set_input_size(name):
+    model = _small(name, dynamic_img_size=False).eval()
+    with pytest.raises(AssertionError, match=r"Input height \(160\) doesn't match model \(224\)"):
+        model(torch.randn(1, 3, 160, 160))
+    x = torch.randn(1, 3, 288, 256)
+    dynamic = _small(name).eval()
+    dynamic.load_state_dict(model.state_dict())
+    model.set_input_size(img_size=(288, 256))
+    assert model.blocks[0].attn.grid_size == (18, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), dynamic(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_image_not_divisible_by_patch(name):
+    model = _small(name).eval()
+    with pytest.raises(AssertionError, match=r'Input height \(230\) should be divisible by patch size \(16\)'):
+        model(torch.randn(1, 3, 230, 224))
+    padded = _small(name, dynamic_img_pad=True).eval()
+    with torch.no_grad():
+        assert padded(torch.randn(1, 3, 230, 224)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_features_head_intermediates(name):
+    model = _small(name, depth=3, global_pool='avg', reg_tokens=2).eval()
+    x = torch.randn(2, 3, 96, 64)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert feats.shape == (2, 3 + 24, model.embed_dim)
+        torch.testing.assert_close(model.forward_head(feats), model(x))
+        assert model.forward_head(feats, pre_logits=True).shape == (2, model.embed_dim)
+        final, inter = model.forward_intermediates(x, indices=[0, 2])
+        torch.testing.assert_close(final, feats)
+        assert [t.shape for t in inter] == [(2, model.embed_dim, 6, 4)] * 2
+        only = model.forward_intermediates(x, indices=2, output_fmt='NLC', intermediates_only=True)
+        assert only[-1].shape == (2, 24, model.embed_dim)
+    kept = model.prune_intermediate_layers(indices=[1], prune_head=True)
+    assert kept == [1] and len(model.blocks) == 2
+    features = _small(name, depth=3, features_only=True, out_indices=(1, 2)).eval()
+    with torch.no_grad():
+        maps = features(torch.randn(1, 3, 64, 64))
+    assert [m.shape for m in maps] == [(1, model.embed_dim, 4, 4)] * 2
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_classifier_checkpointing_weight_decay(name):
+    model = _small(name, drop_path_rate=0.1)
+    model.reset_classifier(5, global_pool='avg')
+    assert model.head.out_features == 5 and model.global_pool == 'avg'
+    model.eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+    model.set_grad_checkpointing(True)
+    model.train()
+    torch.manual_seed(0)
+    model(x).sum().backward()  # checkpointed backward runs
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref)
+    skip = model.no_weight_decay()
+    assert 'cls_token' in skip
+    prior_names = [n for n, _ in model.named_parameters() if '.attn.prior.' in n or '.attn.phases.' in n]
+    assert prior_names and set(prior_names) <= skip
+
+
+def test_timm_init_keeps_uniform_goat_prior():
+    model = _small('vit_tiny_patch16_goat_224')
+    for blk in model.blocks:
+        assert blk.attn.prior_logits().abs().max() == 0
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_torchscript_and_fx_match_eager(name):
+    model = _small(name).eval()
+    x = torch.randn(1, 3, 64, 80)
+    with torch.no_grad():
+        ref = model(x)
+        scripted = torch.jit.script(model)
+        torch.testing.assert_close(scripted(x), ref, rtol=1e-5, atol=1e-5)
+    tracer_kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    _, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    fx_model = create_feature_extractor(model, return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer_kwargs)
+    with torch.no_grad():
+        fx_out = list(fx_model(x).values())[0]
+        torch.testing.assert_close(fx_out, ref, rtol=1e-5, atol=1e-5)
+        # traced with the grid as data, not baked in: another size still matches eager
+        x2 = torch.randn(1, 3, 96, 48)
+        torch.testing.assert_close(list(fx_model(x2).values())[0], model(x2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_safetensors_roundtrip_through_pretrained_cfg_overlay(name, tmp_path):
+    from safetensors.torch import save_file
+    model = _small(name, num_classes=10).eval()
+    path = tmp_path / 'weights.safetensors'
+    save_file(model.state_dict(), str(path))
+    loaded = timm.create_model(
+        name, depth=2, num_classes=10, pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10)).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_bad_model_options():
+    with pytest.raises(ValueError, match="pos_embed must be 'none'"):
+        timm.create_model('vit_tiny_patch16_goat_224', pos_embed='learn')
+    with pytest.raises(ValueError, match='patch_drop_rate'):
+        timm.create_model('vit_tiny_patch16_pope_224', patch_drop_rate=0.5)
+    with pytest.raises(ValueError, match='head dim 64 .* = 66'):
+        timm.create_model('vit_tiny_patch16_goat_224', attn_kwargs=dict(num_modes=16))
