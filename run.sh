@@ -27,7 +27,20 @@ ensure_env() {
   [ -x "$VENV/bin/python" ] || "$PY_BOOT" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[test]"
+  fetch_timm_tests
   echo "$want" > "$stamp"
+}
+
+# timm's own model test suite (tests/test_models.py) ships only in timm's source distribution;
+# tests/test_timm_suite.py runs it on our models. Fetched once, for the pinned timm version.
+fetch_timm_tests() {
+  local ver dest
+  ver=$("$VENV/bin/python" -c "import timm; print(timm.__version__)")
+  dest=".cache/timm-$ver"
+  [ -f "$dest/tests/test_models.py" ] && return
+  mkdir -p .cache/sdist
+  "$VENV/bin/python" -m pip download --quiet --no-deps --no-binary :all: "timm==$ver" -d .cache/sdist
+  tar -xzf ".cache/sdist/timm-$ver.tar.gz" -C .cache "timm-$ver/tests"
 }
 
 cmd=${1:-demo}

@@ -1,0 +1,1 @@
+"""Triton kernels shared by the attention layers (issue 6); each with a naive reference beside it."""

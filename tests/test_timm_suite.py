@@ -1,0 +1,30 @@
+"""timm's own model test suite (tests/test_models.py of timm's sdist) on every model we register.
+
+``./run.sh`` fetches the suite for the pinned timm version into ``.cache/timm-<version>/``; it runs
+in a subprocess with ``-p vision_priors`` so our models are registered before timm collects.
+Covers forward, backward, default_cfgs, torchscript, fx forward/backward and fx + torchscript.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / '.cache' / f'timm-{timm.__version__}' / 'tests' / 'test_models.py'
+
+
+@pytest.mark.skipif(not SUITE.exists(), reason=f'{SUITE} missing: ./run.sh fetches it (timm sdist from PyPI)')
+def test_timm_model_suite_passes_on_our_models():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'vision_priors', '-p', 'no:cacheprovider',
+           str(SUITE), '-k', 'goat or pope', '-W', 'ignore::FutureWarning']
+    result = subprocess.run(cmd, cwd=SUITE.parent.parent, env=env, capture_output=True, text=True, timeout=1200)
+    tail = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 0, tail
+    summary = result.stdout.strip().splitlines()[-1]
+    passed = int(summary.split(' passed')[0].split()[-1])
+    # 6 models x (forward, backward, default_cfgs_non_std, torchscript, fx fwd, fx bwd, fx+torchscript)
+    assert passed >= 42 and 'failed' not in summary, summary
