@@ -115,9 +115,14 @@ class PopePhases(nn.Module):
         return pos_phase.unsqueeze(0), k_phase
 
 
-def pope_features(magnitude: Tensor, phase: Tensor) -> Tensor:
+def phase_table(phase: Tensor, scale: float = 1.0) -> Tensor:
+    """[cos(phase), sin(phase)] * scale: (..., 2d), computed once per forward and shared by the batch."""
+    return torch.cat([phase.cos(), phase.sin()], dim=-1) * scale
+
+
+def pope_features(magnitude: Tensor, table: Tensor) -> Tensor:
     """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10)."""
-    return torch.cat([magnitude * phase.cos(), magnitude * phase.sin()], dim=-1)
+    return torch.cat([magnitude, magnitude], dim=-1) * table
 
 
 class PopeAttention(nn.Module):
@@ -202,10 +207,8 @@ class PopeAttention(nn.Module):
 
         H, dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
-        q = F.softplus(self.q_norm(q))
-        k = F.softplus(self.k_norm(k))
-        q = pope_features(q, q_phase.to(q.dtype)) * self.scale
-        k = pope_features(k, k_phase.to(k.dtype))
+        q = pope_features(F.softplus(self.q_norm(q)), phase_table(q_phase, self.scale).to(q.dtype))
+        k = pope_features(F.softplus(self.k_norm(k)), phase_table(k_phase).to(k.dtype))
 
         if return_attn or not self.fused_attn:
             logits = q @ k.transpose(-2, -1)
@@ -219,7 +222,11 @@ class PopeAttention(nn.Module):
                 return out, probs
             return out
 
+        if not x.is_cuda:
+            # CPU SDPA has a fused kernel only for equal q/k/v widths: zero-pad v to 2d, keep d outputs
+            v = F.pad(v, (0, dh))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
             dropout_p=self.attn_drop.p if self.training else 0.)
+        out = out[..., :dh]
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
