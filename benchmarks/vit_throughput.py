@@ -14,6 +14,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Dict, List
 
 import torch
 import timm
@@ -31,17 +32,20 @@ MODELS = [
 GOALS = {'vit_small_patch16_goat_224': 0.95, 'vit_small_patch16_pope_224': 0.85}
 
 
-def time_forward(model: torch.nn.Module, x: torch.Tensor, warmup: int, repeats: int) -> float:
-    """Median seconds of one forward pass."""
+def time_models(models: Dict[str, torch.nn.Module], x: torch.Tensor, warmup: int, repeats: int) -> Dict[str, float]:
+    """Median seconds of one forward pass per model; repeats are interleaved across models so that
+    drifting machine load hits every model alike."""
+    times: Dict[str, List[float]] = {name: [] for name in models}
     with torch.inference_mode():
         for _ in range(warmup):
-            model(x)
-        times = []
+            for model in models.values():
+                model(x)
         for _ in range(repeats):
-            start = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -63,11 +67,8 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         x = torch.randn(args.batch_size, 3, size, size)
-        per_model = {}
-        # interleave models per repeat block so drift in machine load hits all of them alike
         models = {name: timm.create_model(name, img_size=size, num_classes=1000).eval() for name in MODELS}
-        for name, model in models.items():
-            per_model[name] = time_forward(model, x, args.warmup, args.repeats)
+        per_model = time_models(models, x, args.warmup, args.repeats)
         base = per_model[BASELINE]
         for name in MODELS:
             seconds = per_model[name]

@@ -116,13 +116,13 @@ class PopePhases(nn.Module):
 
 
 def phase_table(phase: Tensor, scale: float = 1.0) -> Tensor:
-    """[cos(phase), sin(phase)] * scale: (..., 2d), computed once per forward and shared by the batch."""
-    return torch.cat([phase.cos(), phase.sin()], dim=-1) * scale
+    """[cos(phase), sin(phase)] * scale stacked as (..., 2, d), computed once per forward for the batch."""
+    return torch.stack([phase.cos(), phase.sin()], dim=-2) * scale
 
 
 def pope_features(magnitude: Tensor, table: Tensor) -> Tensor:
-    """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10)."""
-    return torch.cat([magnitude, magnitude], dim=-1) * table
+    """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10), in one pass."""
+    return (magnitude.unsqueeze(-2) * table).flatten(-2)
 
 
 class PopeAttention(nn.Module):
