@@ -163,3 +163,26 @@ def test_clear_errors(image_folder, tmp_path):
                      '--num-classes', '3', '--eval-res', '32', '36', '--out', str(tmp_path / 'e'), '--cpu'])
     with pytest.raises(SystemExit):
         recipe.main(['eval', 'x', '--eval-res', '32y'])
+
+
+def test_builtin_compare_and_analyze(tmp_path):
+    out = tmp_path / 'compare'
+    recipe.main(['compare', '--models', 'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224', '--seeds', '0', '1',
+                 '--updates', '2', '--batch-size', '8', '--train-samples', '32', '--val-samples', '16',
+                 '--size-overrides', TINY.replace('"depth": 1', '"depth": 2'), '--train-res', '32',
+                 '--eval-res', '32', '48', '64', '--out', str(out), '--cpu'])
+    results = json.loads((out / 'results.json').read_text())
+    assert set(results['summary']) == {'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224'}
+    for per_res in results['summary'].values():
+        assert set(per_res) == {'32', '48', '64'} and all(cell['n'] == 2 for cell in per_res.values())
+    assert len(results['rows']) == 2 * 2 * 3 and (out / 'accuracy_vs_resolution.png').exists()
+    analysis = tmp_path / 'analysis'
+    recipe.main(['analyze', str(out / 'vit_tiny_patch16_goat_224' / 'seed0'), '--layers', '0', '--heads', '0',
+                 '--out', str(analysis)])
+    stats = json.loads((analysis / 'spectral_statistics.json').read_text())
+    # zero-initialised prior, trained away from 0 (at depth 1 only the class token reaches the head and
+    # a prefix query has no relative term, so depth 2 is needed for alpha / beta to get gradient)
+    assert len(stats) == 2 and stats[0]['heads'] == 1 and stats[0]['mean_amplitude'] > 0
+    assert (analysis / 'prior_heads.png').stat().st_size > 1000
+    with pytest.raises(ValueError, match='needs a GOAT model'):
+        recipe.main(['analyze', str(out / 'vit_tiny_patch16_224' / 'seed0'), '--out', str(analysis)])
