@@ -42,7 +42,7 @@ def goat_positional_dim(num_modes: int, num_spatial_dims: int) -> int:
 
 def alibi_slopes(num_heads: int) -> Tensor:
     """Geometric ALiBi slopes m_h = 2^(-8 (h + 1) / H) (Press et al.), used by the 'alibi' init."""
-    return torch.tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)])
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)], device="cpu")
 
 
 class GoatPrior(nn.Module):
@@ -155,10 +155,10 @@ class GoatPrior(nn.Module):
                     p.zero_()
             if self.prior_init == 'random':
                 gen = torch.Generator().manual_seed(self.init_seed)
-                self.alpha.copy_(torch.randn(self.alpha.shape, generator=gen) * self.init_std)
-                self.beta.copy_(torch.randn(self.beta.shape, generator=gen) * self.init_std)
+                self.alpha.copy_(torch.randn(self.alpha.shape, generator=gen, device='cpu') * self.init_std)
+                self.beta.copy_(torch.randn(self.beta.shape, generator=gen, device='cpu') * self.init_std)
             elif self.prior_init == 'alibi':
-                slopes = alibi_slopes(self.num_heads).double()
+                slopes = alibi_slopes(self.num_heads).double().cpu()
                 if self.key_slope is not None:
                     # causal: -m (i - j) = m j - m i, and -m i is a row constant (Appendix G.3)
                     self.key_slope.copy_(slopes.float())
@@ -175,15 +175,16 @@ class GoatPrior(nn.Module):
         The constant c (a row constant, which softmax ignores) is fitted but dropped; the small ridge
         term keeps the near-collinear low frequencies from blowing up.
         """
-        offsets = torch.arange(-self.alibi_extent, self.alibi_extent + 1, dtype=torch.float64)
-        freqs = self.frequencies(torch.float64, torch.device('cpu')).detach()  # (D, R)
-        alpha = torch.zeros(self.num_heads, self.num_spatial_dims, self.num_modes, dtype=torch.float64)
+        cpu = torch.device('cpu')
+        offsets = torch.arange(-self.alibi_extent, self.alibi_extent + 1, dtype=torch.float64, device=cpu)
+        freqs = self.frequencies(torch.float64, cpu).detach().to(cpu)  # (D, R)
+        alpha = torch.zeros(self.num_heads, self.num_spatial_dims, self.num_modes, dtype=torch.float64, device=cpu)
         targets = -slopes[None, :] * offsets.abs()[:, None]  # (n, H)
-        ridge = torch.eye(self.num_modes + 1, dtype=torch.float64) * 1e-3 * len(offsets)
+        ridge = torch.eye(self.num_modes + 1, dtype=torch.float64, device=cpu) * 1e-3 * len(offsets)
         ridge[-1, -1] = 0.0
         for axis in range(self.num_spatial_dims):
             basis = torch.cat([torch.cos(offsets[:, None] * freqs[axis][None]),
-                               torch.ones(len(offsets), 1, dtype=torch.float64)], dim=1)
+                               torch.ones(len(offsets), 1, dtype=torch.float64, device=cpu)], dim=1)
             solution = torch.linalg.solve(basis.T @ basis + ridge, basis.T @ targets)  # (R + 1, H)
             alpha[:, axis] = solution[:-1].T / self.num_spatial_dims
         return alpha

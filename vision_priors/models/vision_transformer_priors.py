@@ -7,6 +7,7 @@ grid, so a model trained at 224 evaluates at any resolution (square or not) with
 Papers: GOAT (Litman & Guo, Sec. 4, Eq. 12 / 20 axis-wise 2D prior); PoPE (Gopalakrishnan et al.,
 Eqs. 3-6, applied axis-wise over (x, y)).
 """
+from contextlib import nullcontext
 from functools import lru_cache, partial
 from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
 
@@ -75,18 +76,21 @@ class PriorBlock(nn.Module):
         super().__init__()
         if scale_attn_norm or not proj_bias:
             raise ValueError('PriorBlock supports neither scale_attn_norm nor proj_bias=False')
-        self.norm1 = norm_layer(dim)
-        self.attn = attn_layer(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
-            proj_drop=proj_drop, norm_layer=norm_layer)
-        self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = mlp_layer(
-            in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer,
-            norm_layer=norm_layer if scale_mlp_norm else None, drop=proj_drop)
-        self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        with torch.device(device) if device is not None else nullcontext():
+            self.norm1 = norm_layer(dim)
+            self.attn = attn_layer(
+                dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+                proj_drop=proj_drop, norm_layer=norm_layer)
+            self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+            self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+            self.norm2 = norm_layer(dim)
+            self.mlp = mlp_layer(
+                in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer,
+                norm_layer=norm_layer if scale_mlp_norm else None, drop=proj_drop)
+            self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+            self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        if dtype is not None:
+            self.to(dtype)
 
     def forward(
             self,
