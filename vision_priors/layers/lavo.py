@@ -30,9 +30,12 @@ Choices where the paper is silent (all configurable):
     * EPE on a 2D grid: offsets ``|dy|, |dx| <= w2 - 1`` with a ``(2 w2 - 1)^2`` table;
       'block' CD uses ``w2 x w2`` tiles. Prefix tokens (e.g. class token) use local attention among
       prefix tokens only (no bias) and reach the patches through the global branch.
+    * Padding: a (B, L) bool mask (True = valid) removes tokens from local windows and from the mean H
+      (the count is over valid tokens); a query with no valid key in a window gets 0 from that window.
+    * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head.
 """
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -126,51 +129,68 @@ def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return scores.softmax(dim=-1) * mask.any(dim=-1, keepdim=True)
 
 
-def _banded_attention_1d(
+def _local_attention_1d(
         q: Tensor,
         k: Tensor,
         v: Tensor,
         window: int,
-        block_offsets: Sequence[int],
-        rel_range: Tuple[int, int],
+        causal: bool,
         scale: float,
         bias_table: Optional[Tensor],
         key_valid: Optional[Tensor],
         attn_drop: Optional[nn.Module],
-) -> Tensor:
-    """Attention of each token to keys with ``lo <= j - i <= hi`` among neighbouring blocks.
+        sliding: bool = True,
+        block: bool = False,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Windowed attention in blocks of ``w = window`` tokens (Secs. 3.2-3.3), no loop over time.
 
-    The sequence is cut into blocks of ``window`` tokens; queries of block c see the keys of blocks
-    ``c + o`` for ``o`` in ``block_offsets`` (no loop over time, memory O(L w)). ``bias_table[j - i + w - 1]``
-    is the EPE bias (Sec. 3.3).
+    Query i sees keys j with ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` and gets the EPE
+    bias ``bias_table[j - i + w - 1]``. Queries of block c score the keys of blocks c-1, c (and c+1);
+    memory is O(L w). The same scores restricted to block c give the context-dissection aggregate
+    (attention within the token's own window, causally when ``causal``).
+
+    Returns:
+        (sliding-window output or None, own-block output or None), each (B, H, L, d).
     """
     b, nh, length, d = q.shape
     w = window
     nb = -(-length // w)
     pad = nb * w - length
-    qb, kb, vb = (F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d) for t in (q, k, v))
-    valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
-    valid = F.pad(valid, (0, pad)).reshape(b, nb, w)
-    lo_off, hi_off = min(block_offsets), max(block_offsets)
+    offsets = ((-1, 0) if causal else (-1, 0, 1)) if sliding else (0,)
+    own = offsets.index(0) * w  # column offset of block c among the gathered keys
+    qb, kb, vb = (F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d) for t in (q * scale, k, v))
+    lo_off, hi_off = offsets[0], offsets[-1]
 
     def gather(t: Tensor, dim: int) -> Tensor:
-        pads = [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off]
-        tp = F.pad(t, pads)
-        return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in block_offsets], dim=dim + 1)
+        if len(offsets) == 1:
+            return t
+        tp = F.pad(t, [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off])
+        return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in offsets], dim=dim + 1)
 
-    kg, vg = gather(kb, 2), gather(vb, 2)  # (B, H, nb, n_off * w, d)
-    vmask = gather(valid, 1)  # (B, nb, n_off * w)
+    neg = torch.finfo(q.dtype).min / 2  # two of these still sum to a finite number: no NaN rows
     a = torch.arange(w, device=q.device)
-    rel = torch.cat([o * w + a for o in block_offsets])[None, :] - a[:, None]  # (w, n_off * w): j - i
-    lo, hi = rel_range
-    mask = ((rel >= lo) & (rel <= hi))[None, None] & vmask[:, :, None, :]  # (B, nb, w, K)
-    scores = (qb @ kg.transpose(-1, -2)) * scale
+    rel = torch.cat([o * w + a for o in offsets])[None, :] - a[:, None]  # (w, K): j - i
+    in_range = (rel >= -(w - 1)) & (rel <= (0 if causal else w - 1))
+    static = torch.zeros(in_range.shape, dtype=q.dtype, device=q.device)
     if bias_table is not None:
-        scores = scores + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
-    p = _masked_softmax(scores, mask[:, None])
-    if attn_drop is not None:
-        p = attn_drop(p)
-    return (p @ vg).reshape(b, nh, nb * w, d)[:, :, :length]
+        static = static + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
+    static = static.masked_fill(~in_range, neg)
+    valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
+    valid = gather(F.pad(valid, (0, pad)).reshape(b, nb, w), 1)  # (B, nb, K)
+    scores = qb @ gather(kb, 2).transpose(-1, -2) + static
+    scores = scores + torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, neg)[:, None, :, None, :]
+
+    def attend(s: Tensor, values: Tensor, cols: slice) -> Tensor:
+        p = s.softmax(dim=-1)
+        if key_valid is not None:  # rows without any valid key give 0, not a uniform average
+            p = p * (in_range[:, cols][None, None] & valid[:, :, None, cols]).any(-1, keepdim=True)[:, None]
+        if attn_drop is not None:
+            p = attn_drop(p)
+        return (p @ values).reshape(b, nh, nb * w, d)[:, :, :length]
+
+    f_slide = attend(scores, gather(vb, 2), slice(None)) if sliding else None
+    f_block = attend(scores[..., own:own + w], vb, slice(own, own + w)) if block else None
+    return f_slide, f_block
 
 
 @dataclass
@@ -202,8 +222,8 @@ class LavoAttention(nn.Module):
         num_slots: r, memory slots per head (<= head_dim).
         window: w, local window: causal keys ``t-w+1..t``; non-causal ``|j - i| <= w - 1``.
         causal: Causal (Eq. 4, with :meth:`step`) or non-causal (global mean over the whole sequence).
-        window_2d: w2 for the non-causal 2D window used when ``grid_size`` is passed (defaults to
-            ``window``): neighbours with ``|dy|, |dx| <= w2 - 1``.
+        window_2d: w2 of the non-causal 2D window used when ``grid_size`` is passed: neighbours with
+            ``|dy|, |dx| <= w2 - 1`` (default 4: a 7 x 7 neighbourhood, 4 x 4 dissection tiles).
         use_epe: Embedded relative position bias P (Sec. 3.3).
         context_dissection: Compress local aggregates instead of raw values (Sec. 3.2).
         dissection: 'block' (within the own window of w tokens) or 'sliding' (the local-branch output).
@@ -222,7 +242,7 @@ class LavoAttention(nn.Module):
             num_slots: int = 64,
             window: int = 64,
             causal: bool = True,
-            window_2d: Optional[int] = None,
+            window_2d: int = 4,
             use_epe: bool = True,
             context_dissection: bool = True,
             dissection: str = 'block',
@@ -247,7 +267,7 @@ class LavoAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.num_slots = num_slots
         self.window = window
-        self.window_2d = window if window_2d is None else window_2d
+        self.window_2d = window_2d
         if self.window_2d < 1:
             raise ValueError(f'window_2d must be >= 1, got {self.window_2d}')
         self.causal = causal
@@ -287,16 +307,6 @@ class LavoAttention(nn.Module):
     def _out(self, f: Tensor) -> Tensor:
         b, _, length, _ = f.shape
         return self.proj_drop(self.proj(f.transpose(1, 2).reshape(b, length, self.dim)))
-
-    def _local_1d(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], block: bool) -> Tensor:
-        w = self.window
-        if block:
-            offsets, rel_range = (0,), (-(w - 1), 0 if self.causal else w - 1)
-        else:
-            offsets, rel_range = ((-1, 0), (-(w - 1), 0)) if self.causal else ((-1, 0, 1), (-(w - 1), w - 1))
-        return _banded_attention_1d(
-            q, k, v, w, offsets, rel_range, self.scale, self.rel_bias if self.use_epe else None, valid,
-            self.attn_drop)
 
     def _local_2d(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
@@ -362,17 +372,20 @@ class LavoAttention(nn.Module):
             grid: Optional[Tuple[int, int]], n_pre: int,
     ) -> Tuple[Tensor, Tensor]:
         """Returns (F_local or None, z): the local output and the features compressed by CODE."""
+        need_block = self.context_dissection and self.dissection == 'block'
         if grid is None:
-            local = lambda block: self._local_1d(q, k, v, valid, block)
+            f_local, f_block = _local_attention_1d(
+                q, k, v, self.window, self.causal, self.scale, self.rel_bias if self.use_epe else None, valid,
+                self.attn_drop, sliding=self.use_local, block=need_block)
         else:
-            local = lambda block: self._local_2d(q, k, v, valid, grid, n_pre, block)
-        f_local = local(False) if self.use_local else None
+            f_local = self._local_2d(q, k, v, valid, grid, n_pre, False) if self.use_local else None
+            f_block = self._local_2d(q, k, v, valid, grid, n_pre, True) if need_block else None
         if not self.context_dissection:
             z = v
         elif self.dissection == 'sliding':
             z = f_local
         else:
-            z = local(True)
+            z = f_block
         return f_local, z
 
     def _combine(self, f_local: Optional[Tensor], f_global: Tensor) -> Tensor:
@@ -590,7 +603,7 @@ class LavoCrossAttention(nn.Module):
         if valid is None:
             return proj.mean(dim=2, keepdim=True)
         m = valid[:, None, :, None].to(proj.dtype)
-        return (proj * m).sum(dim=2, keepdim=True) / proj.shape[2]
+        return (proj * m).sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
 
     def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
         """Cross-attend targets to the compressed source.
