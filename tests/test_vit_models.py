@@ -9,8 +9,8 @@ import vision_priors  # noqa: F401  (registers the models)
 from vision_priors.models import PriorVisionTransformer
 
 OUR_MODELS = [
-    f'vit_{size}_patch16_{kind}_224' for kind in ('goat', 'pope') for size in ('tiny', 'small', 'base')]
-TINY = ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224']
+    f'vit_{size}_patch16_{kind}_224' for kind in ('goat', 'pope', 'lavo') for size in ('tiny', 'small', 'base')]
+TINY = ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224', 'vit_tiny_patch16_lavo_224']
 
 
 def _small(name: str, **kwargs):
@@ -19,7 +19,7 @@ def _small(name: str, **kwargs):
 
 
 def test_all_models_registered_with_default_cfgs():
-    assert sorted(timm.list_models(['*goat*', '*pope*'])) == sorted(OUR_MODELS)
+    assert sorted(timm.list_models(['*goat*', '*pope*', '*lavo*'])) == sorted(OUR_MODELS)
     for name in OUR_MODELS:
         cfg = timm.models.get_pretrained_cfg(name)
         assert cfg.input_size == (3, 224, 224) and cfg.fixed_input_size is False
@@ -58,7 +58,8 @@ def test_fixed_size_mode_and_set_input_size(name):
     dynamic = _small(name).eval()
     dynamic.load_state_dict(model.state_dict())
     model.set_input_size(img_size=(288, 256))
-    assert model.blocks[0].attn.grid_size == (18, 16)
+    if 'lavo' not in name:  # LAVO gets the grid per call; GOAT / PoPE keep a default grid
+        assert model.blocks[0].attn.grid_size == (18, 16)
     with torch.no_grad():
         torch.testing.assert_close(model(x), dynamic(x), rtol=0, atol=1e-5)
 
@@ -114,7 +115,30 @@ def test_classifier_checkpointing_weight_decay(name):
     skip = model.no_weight_decay()
     assert 'cls_token' in skip
     prior_names = [n for n, _ in model.named_parameters() if '.attn.prior.' in n or '.attn.phases.' in n]
-    assert prior_names and set(prior_names) <= skip
+    assert set(prior_names) <= skip
+    assert prior_names or 'lavo' in name
+
+
+@pytest.mark.parametrize('name', ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224'])
+def test_lavo_global_pool_on_prior_models(name):
+    model = _small(name, global_pool='lavo', num_classes=4).eval()
+    assert type(model.attn_pool).__name__ == 'LavoPool' and model.global_pool == 'lavo'
+    x = torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        out = model(x)
+        pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+    assert out.shape == (2, 4) and pooled.shape == (2, model.embed_dim)
+    # the pooled vector depends on the patch tokens only through the LAVO cross-attention pool
+    model.reset_classifier(3, 'avg')
+    assert model.attn_pool is None and model(x).shape == (2, 3)
+    model.reset_classifier(3, 'lavo')
+    assert type(model.attn_pool).__name__ == 'LavoPool' and model(x).shape == (2, 3)
+
+
+def test_lavo_vit_rejects_dense_masks():
+    model = _small('vit_tiny_patch16_lavo_224').eval()
+    with pytest.raises(ValueError, match='non-causal'):
+        model(torch.randn(1, 3, 32, 32), is_causal=True)
 
 
 def test_timm_init_keeps_uniform_goat_prior():

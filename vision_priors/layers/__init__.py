@@ -2,3 +2,4 @@
 from .coords import grid_coords, resolve_token_coords, sequence_coords
 from .goat import GoatAttention, GoatPrior, goat_positional_dim
 from .pope import PopeAttention, PopePhases, wrap_phase_bias
+from .lavo import LavoAttention, LavoCrossAttention, LavoState

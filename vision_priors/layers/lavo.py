@@ -35,7 +35,7 @@ Choices where the paper is silent (all configurable):
     * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head.
 """
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -81,9 +81,18 @@ class OrthogonalBasis(nn.Module):
             self.weight = nn.Parameter(init)
             if mode == 'orthogonal':
                 orthogonal(self, 'weight')
+                # torch.nn.utils.parametrize does not support TorchScript: in the class it made for this
+                # instance, compute B in Python (a scripted model then runs, but cannot be saved).
+                cls = type(self)
+                cls.forward = torch.jit.ignore(cls._parametrized_weight)
+                cls.__jit_ignored_attributes__ = ['parametrizations']
+                cls.__jit_unused_properties__ = ['weight']
 
     def forward(self) -> Tensor:
         """Returns B as a (heads, r, d) tensor."""
+        return self.weight
+
+    def _parametrized_weight(self) -> Tensor:
         return self.weight
 
     def orthogonality_penalty(self) -> Tensor:
@@ -91,6 +100,12 @@ class OrthogonalBasis(nn.Module):
         b = self.weight
         eye = torch.eye(b.shape[-2], dtype=b.dtype, device=b.device)
         return ((b @ b.transpose(-1, -2) - eye) ** 2).sum()
+
+
+def _slot_probs(q: Tensor, h: Tensor, basis: Tensor, scale: float) -> Tensor:
+    """Slot weights ``softmax(scale * q (diag(H) B)^T)`` of :func:`code_read`, (B, heads, L, r)."""
+    logits = (q @ basis.transpose(-1, -2)) * h * scale
+    return logits.softmax(dim=-1)
 
 
 def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, attn_drop: Optional[nn.Module] = None) -> Tensor:
@@ -106,91 +121,81 @@ def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, attn_drop: Opti
     Returns:
         ``softmax(scale * q (diag(H) B)^T) diag(H) B`` as (B, heads, L, d), costing O(L r d).
     """
-    logits = (q @ basis.transpose(-1, -2)) * h * scale
-    p = logits.softmax(dim=-1)
+    p = _slot_probs(q, h, basis, scale)
     if attn_drop is not None:
         p = attn_drop(p)
     return (p * h) @ basis
 
 
+def _finfo_min(dtype: torch.dtype) -> float:
+    """``torch.finfo(dtype).min`` for floating dtypes, written so that TorchScript compiles it."""
+    if not torch.jit.is_scripting():
+        return torch.finfo(dtype).min
+    if dtype == torch.float64:
+        return -1.7976931348623157e+308
+    if dtype == torch.float16:
+        return -65504.0
+    if dtype == torch.bfloat16:
+        return -3.3895313892515355e+38
+    return -3.4028234663852886e+38  # float32
+
+
 def _check_key_mask(mask: Optional[Tensor], batch: int, length: int, name: str) -> Optional[Tensor]:
     if mask is None:
         return None
-    if mask.dtype != torch.bool:
-        raise TypeError(f'{name} must be a bool tensor (True = valid token), got dtype {mask.dtype}')
-    if tuple(mask.shape) != (batch, length):
-        raise ValueError(f'{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}')
+    if not torch.jit.is_scripting():
+        if mask.dtype != torch.bool:
+            raise TypeError(f'{name} must be a bool tensor (True = valid token), got dtype {mask.dtype}')
+        if tuple(mask.shape) != (batch, length):
+            raise ValueError(
+                f'{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}')
+    else:
+        if mask.dtype != torch.bool:
+            raise TypeError(name + ' must be a bool tensor (True = valid token)')
+        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != length:
+            raise ValueError(name + ' must have shape (batch, length)')
     return mask
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Softmax over the last dim with excluded entries exactly 0; rows with no valid entry give 0."""
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    scores = scores.masked_fill(~mask, _finfo_min(scores.dtype))
     return scores.softmax(dim=-1) * mask.any(dim=-1, keepdim=True)
 
 
-def _local_attention_1d(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        window: int,
-        causal: bool,
-        scale: float,
-        bias_table: Optional[Tensor],
-        key_valid: Optional[Tensor],
-        attn_drop: Optional[nn.Module],
-        sliding: bool = True,
-        block: bool = False,
-) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """Windowed attention in blocks of ``w = window`` tokens (Secs. 3.2-3.3), no loop over time.
+def _to_blocks(t: Tensor, pad: int, nb: int, w: int) -> Tensor:
+    """(B, H, L, d) -> (B, H, nb, w, d), zero-padded at the end."""
+    b, nh, _, d = t.shape
+    return F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d)
 
-    Query i sees keys j with ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` and gets the EPE
-    bias ``bias_table[j - i + w - 1]``. Queries of block c score the keys of blocks c-1, c (and c+1);
-    memory is O(L w). The same scores restricted to block c give the context-dissection aggregate
-    (attention within the token's own window, causally when ``causal``).
 
-    Returns:
-        (sliding-window output or None, own-block output or None), each (B, H, L, d).
-    """
-    b, nh, length, d = q.shape
-    w = window
-    nb = -(-length // w)
-    pad = nb * w - length
-    offsets = ((-1, 0) if causal else (-1, 0, 1)) if sliding else (0,)
-    own = offsets.index(0) * w  # column offset of block c among the gathered keys
-    qb, kb, vb = (F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d) for t in (q * scale, k, v))
+def _gather_blocks(t: Tensor, dim: int, offsets: List[int], nb: int) -> Tensor:
+    """Concatenates blocks ``c + o`` (o in offsets, zero outside) of block dim ``dim`` along ``dim + 1``."""
+    if len(offsets) == 1:
+        return t
     lo_off, hi_off = offsets[0], offsets[-1]
+    tp = F.pad(t, [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off])
+    return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in offsets], dim=dim + 1)
 
-    def gather(t: Tensor, dim: int) -> Tensor:
-        if len(offsets) == 1:
-            return t
-        tp = F.pad(t, [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off])
-        return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in offsets], dim=dim + 1)
 
-    neg = torch.finfo(q.dtype).min / 2  # two of these still sum to a finite number: no NaN rows
-    a = torch.arange(w, device=q.device)
-    rel = torch.cat([o * w + a for o in offsets])[None, :] - a[:, None]  # (w, K): j - i
-    in_range = (rel >= -(w - 1)) & (rel <= (0 if causal else w - 1))
-    static = torch.zeros(in_range.shape, dtype=q.dtype, device=q.device)
-    if bias_table is not None:
-        static = static + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
-    static = static.masked_fill(~in_range, neg)
-    valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
-    valid = gather(F.pad(valid, (0, pad)).reshape(b, nb, w), 1)  # (B, nb, K)
-    scores = qb @ gather(kb, 2).transpose(-1, -2) + static
-    scores = scores + torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, neg)[:, None, :, None, :]
+def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
+    """(B, H, gh * gw, c) row-major patches -> (B, H, T, w2 * w2, c) non-overlapping ``w2 x w2`` tiles."""
+    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
+    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
+    ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
+    t = t.reshape(b0, b1, gh, gw, c)
+    t = F.pad(t, (0, 0, 0, pw, 0, ph))
+    t = t.reshape(b0, b1, nh_t, w2, nw_t, w2, c).transpose(3, 4)
+    return t.reshape(b0, b1, nh_t * nw_t, w2 * w2, c)
 
-    def attend(s: Tensor, values: Tensor, cols: slice) -> Tensor:
-        p = s.softmax(dim=-1)
-        if key_valid is not None:  # rows without any valid key give 0, not a uniform average
-            p = p * (in_range[:, cols][None, None] & valid[:, :, None, cols]).any(-1, keepdim=True)[:, None]
-        if attn_drop is not None:
-            p = attn_drop(p)
-        return (p @ values).reshape(b, nh, nb * w, d)[:, :, :length]
 
-    f_slide = attend(scores, gather(vb, 2), slice(None)) if sliding else None
-    f_block = attend(scores[..., own:own + w], vb, slice(own, own + w)) if block else None
-    return f_slide, f_block
+def _unfold_2d(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
+    """(B, H, gh * gw, c) -> (B, H, N, kw * kw, c): each patch's ``kw x kw`` neighbourhood, kw = 2 w2 - 1."""
+    b, nh, _, c = t.shape
+    kw = 2 * w2 - 1
+    img = t.reshape(b * nh, gh, gw, c).permute(0, 3, 1, 2)
+    u = F.unfold(img, kernel_size=kw, padding=w2 - 1)  # (B*H, c*kw*kw, N)
+    return u.reshape(b, nh, c, kw * kw, gh * gw).permute(0, 1, 4, 3, 2)
 
 
 @dataclass
@@ -298,48 +303,110 @@ class LavoAttention(nn.Module):
         return self.basis.orthogonality_penalty()
 
     def _qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        b, length, c = x.shape
-        if c != self.dim:
-            raise ValueError(f'expected input features {self.dim}, got x of shape {tuple(x.shape)}')
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            if not torch.jit.is_scripting():
+                raise ValueError(f'expected input features {self.dim}, got x of shape {tuple(x.shape)}')
+            raise ValueError('expected input x of shape (B, L, dim)')
+        b, length = x.shape[0], x.shape[1]
         qkv = self.qkv(x).reshape(b, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)
+        q, k, v = qkv.unbind(0)
+        return q, k, v
 
     def _out(self, f: Tensor) -> Tensor:
-        b, _, length, _ = f.shape
+        b, length = f.shape[0], f.shape[2]
         return self.proj_drop(self.proj(f.transpose(1, 2).reshape(b, length, self.dim)))
+
+    def _read(self, q: Tensor, h: Tensor, basis: Tensor) -> Tensor:
+        """:func:`code_read` with this module's scale and slot dropout."""
+        p = self.attn_drop(_slot_probs(q, h, basis, self.scale))
+        return (p * h) @ basis
+
+    def _attend_blocks(
+            self, s: Tensor, values: Tensor, in_range: Tensor, valid: Tensor, masked: bool, length: int,
+    ) -> Tensor:
+        """Softmax over the gathered keys of each block; (B, H, nb, w, K) scores -> (B, H, L, d)."""
+        b, nh, nb, w, d = values.shape[0], values.shape[1], s.shape[2], s.shape[3], values.shape[-1]
+        p = s.softmax(dim=-1)
+        if masked:  # rows without any valid key give 0, not a uniform average
+            p = p * (in_range[None, None] & valid[:, :, None, :]).any(-1, keepdim=True)[:, None]
+        p = self.attn_drop(p)
+        return (p @ values).reshape(b, nh, nb * w, d)[:, :, :length]
+
+    def _local_1d(
+            self, q: Tensor, k: Tensor, v: Tensor, key_valid: Optional[Tensor], sliding: bool, block: bool,
+    ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """Windowed attention in blocks of ``w = window`` tokens (Secs. 3.2-3.3), no loop over time.
+
+        Query i sees keys j with ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` and gets the EPE
+        bias ``P[j - i + w - 1]``. Queries of block c score the keys of blocks c-1, c (and c+1);
+        memory is O(L w). The same scores restricted to block c give the context-dissection aggregate
+        (attention within the token's own window, causally when ``causal``).
+
+        Returns:
+            (sliding-window output or None, own-block output or None), each (B, H, L, d).
+        """
+        b, length = q.shape[0], q.shape[2]
+        w = self.window
+        causal = self.causal
+        bias_table = self.rel_bias if self.use_epe else None
+        nb = -(-length // w)
+        pad = nb * w - length
+        if sliding:
+            offsets = [-1, 0] if causal else [-1, 0, 1]
+        else:
+            offsets = [0]
+        own = offsets.index(0) * w  # column offset of block c among the gathered keys
+        qb, kb, vb = _to_blocks(q * self.scale, pad, nb, w), _to_blocks(k, pad, nb, w), _to_blocks(v, pad, nb, w)
+
+        neg = _finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
+        a = torch.arange(w, device=q.device)
+        rel = torch.cat([o * w + a for o in offsets])[None, :] - a[:, None]  # (w, K): j - i
+        in_range = (rel >= -(w - 1)) & (rel <= (0 if causal else w - 1))
+        static = torch.zeros(in_range.shape, dtype=q.dtype, device=q.device)
+        if bias_table is not None:
+            static = static + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
+        static = static.masked_fill(~in_range, neg)
+        valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
+        valid = _gather_blocks(F.pad(valid, (0, pad)).reshape(b, nb, w), 1, offsets, nb)  # (B, nb, K)
+        scores = qb @ _gather_blocks(kb, 2, offsets, nb).transpose(-1, -2) + static
+        scores = scores + torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, neg)[:, None, :, None, :]
+
+        masked = key_valid is not None
+        f_slide: Optional[Tensor] = None
+        f_block: Optional[Tensor] = None
+        if sliding:
+            f_slide = self._attend_blocks(scores, _gather_blocks(vb, 2, offsets, nb), in_range, valid, masked, length)
+        if block:
+            f_block = self._attend_blocks(
+                scores[..., own:own + w], vb, in_range[:, own:own + w], valid[:, :, own:own + w], masked, length)
+        return f_slide, f_block
 
     def _local_2d(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
             block: bool,
     ) -> Tensor:
         """Prefix tokens attend among themselves; patches to their 2D neighbourhood or ``w2 x w2`` tile."""
-        b, nh, length, d = q.shape
+        b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
         gh, gw = grid
         w2 = self.window_2d
         kw = 2 * w2 - 1
         bias = self.rel_bias_2d if self.use_epe else None
-        outs = []
-        if n_pre:
-            pv = None if valid is None else valid[:, None, None, :n_pre]
+        outs: List[Tensor] = []
+        if n_pre > 0:
             s = (q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * self.scale
-            pmask = torch.ones_like(s, dtype=torch.bool) if pv is None else pv.expand_as(s)
+            if valid is None:
+                pmask = torch.ones_like(s, dtype=torch.bool)
+            else:
+                pmask = valid[:, None, None, :n_pre].expand_as(s)
             p = self.attn_drop(_masked_softmax(s, pmask))
             outs.append(p @ v[:, :, :n_pre])
-        pq, pk, pvv = (t[:, :, n_pre:] for t in (q, k, v))
+        pq, pk, pvv = q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:]
         pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid[:, n_pre:]
         if block:
             # Non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table.
             nh_t, nw_t = -(-gh // w2), -(-gw // w2)
-            ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
-
-            def tiles(t: Tensor) -> Tensor:
-                t = t.reshape(*t.shape[:2], gh, gw, -1)
-                t = F.pad(t, (0, 0, 0, pw, 0, ph))
-                t = t.reshape(*t.shape[:2], nh_t, w2, nw_t, w2, t.shape[-1]).transpose(3, 4)
-                return t.reshape(*t.shape[:2], nh_t * nw_t, w2 * w2, t.shape[-1])
-
-            tq, tk, tv = tiles(pq), tiles(pk), tiles(pvv)
-            tvalid = tiles(pvalid[:, None, :, None].float()).squeeze(-1).bool()[:, 0]  # (B, T, w2*w2)
+            tq, tk, tv = _tiles(pq, gh, gw, w2), _tiles(pk, gh, gw, w2), _tiles(pvv, gh, gw, w2)
+            tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2).squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2)
             a = torch.arange(w2, device=q.device)
             yy, xx = torch.meshgrid(a, a, indexing='ij')
             yy, xx = yy.reshape(-1), xx.reshape(-1)
@@ -352,14 +419,8 @@ class LavoAttention(nn.Module):
             o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
             outs.append(o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d))
         else:
-            def unfold(t: Tensor) -> Tensor:
-                c = t.shape[-1]
-                img = t.reshape(b * nh, gh, gw, c).permute(0, 3, 1, 2)
-                u = F.unfold(img, kernel_size=kw, padding=w2 - 1)  # (B*H, c*kw*kw, N)
-                return u.reshape(b, nh, c, kw * kw, gh * gw).permute(0, 1, 4, 3, 2)  # (B, H, N, kw*kw, c)
-
-            nk, nv = unfold(pk), unfold(pvv)
-            nvalid = unfold(pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype))[..., 0] > 0.5
+            nk, nv = _unfold_2d(pk, gh, gw, w2), _unfold_2d(pvv, gh, gw, w2)
+            nvalid = _unfold_2d(pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype), gh, gw, w2)[..., 0] > 0.5
             s = (pq.unsqueeze(-2) @ nk.transpose(-1, -2)).squeeze(-2) * self.scale  # (B, H, N, kw*kw)
             if bias is not None:
                 s = s + bias
@@ -370,21 +431,21 @@ class LavoAttention(nn.Module):
     def _branches(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor],
             grid: Optional[Tuple[int, int]], n_pre: int,
-    ) -> Tuple[Tensor, Tensor]:
+    ) -> Tuple[Optional[Tensor], Tensor]:
         """Returns (F_local or None, z): the local output and the features compressed by CODE."""
         need_block = self.context_dissection and self.dissection == 'block'
         if grid is None:
-            f_local, f_block = _local_attention_1d(
-                q, k, v, self.window, self.causal, self.scale, self.rel_bias if self.use_epe else None, valid,
-                self.attn_drop, sliding=self.use_local, block=need_block)
+            f_local, f_block = self._local_1d(q, k, v, valid, self.use_local, need_block)
         else:
             f_local = self._local_2d(q, k, v, valid, grid, n_pre, False) if self.use_local else None
             f_block = self._local_2d(q, k, v, valid, grid, n_pre, True) if need_block else None
         if not self.context_dissection:
             z = v
         elif self.dissection == 'sliding':
+            assert f_local is not None
             z = f_local
         else:
+            assert f_block is not None
             z = f_block
         return f_local, z
 
@@ -395,7 +456,7 @@ class LavoAttention(nn.Module):
             self,
             x: Tensor,
             attn_mask: Optional[Tensor] = None,
-            grid_size: Optional[Tuple[int, int]] = None,
+            grid_size: Optional[List[int]] = None,
             num_prefix_tokens: int = 0,
     ) -> Tensor:
         """Parallel LAVO over a whole sequence.
@@ -406,46 +467,60 @@ class LavoAttention(nn.Module):
                 of the local windows and of the mean H (the count is over valid tokens).
             grid_size: Non-causal only: (rows, cols) of the patch grid for the 2D local window; the
                 tokens are ``num_prefix_tokens`` prefix tokens followed by rows * cols patches, row-major.
+                A tuple or a list of two ints (a list under TorchScript).
             num_prefix_tokens: Number of leading non-grid tokens (only with ``grid_size``).
 
         Returns:
             (B, L, C).
         """
-        b, length, _ = x.shape
+        if x.dim() != 3:
+            if not torch.jit.is_scripting():
+                raise ValueError(f'expected x of shape (B, L, {self.dim}), got {tuple(x.shape)}')
+            raise ValueError('expected input x of shape (B, L, dim)')
+        b, length = x.shape[0], x.shape[1]
         valid = _check_key_mask(attn_mask, b, length, 'attn_mask')
         grid = self._check_grid(grid_size, num_prefix_tokens, length)
         q, k, v = self._qkv(x)
         f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
         basis = self.basis()
         proj = z @ basis.transpose(-1, -2)  # B z_t, (B, H, L, r)
-        m = None if valid is None else valid[:, None, :, None].to(proj.dtype)
-        if m is not None:
+        m: Optional[Tensor] = None
+        if valid is not None:
+            m = valid[:, None, :, None].to(proj.dtype)
             proj = proj * m
         if self.causal:
             num = proj.cumsum(dim=2)  # Eq. 4: H_t = (1/t) sum_{s<=t} B z_s
-            cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
-            cnt = cnt if m is None else m.cumsum(dim=2).clamp(min=1)
+            if m is None:
+                cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
+            else:
+                cnt = m.cumsum(dim=2).clamp(min=1)
             h = num / cnt
         else:
-            cnt = length if m is None else m.sum(dim=2, keepdim=True).clamp(min=1)
-            h = proj.sum(dim=2, keepdim=True) / cnt  # Eq. 3 over the whole sequence
-        f_global = code_read(q, h, basis, self.scale, self.attn_drop)
+            if m is None:
+                h = proj.sum(dim=2, keepdim=True) / length  # Eq. 3 over the whole sequence
+            else:
+                h = proj.sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
+        f_global = self._read(q, h, basis)
         return self._out(self._combine(f_local, f_global))
 
     def _check_grid(
-            self, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: int, length: int,
+            self, grid_size: Optional[List[int]], num_prefix_tokens: int, length: int,
     ) -> Optional[Tuple[int, int]]:
         if grid_size is None:
-            if num_prefix_tokens:
-                raise ValueError(f'num_prefix_tokens={num_prefix_tokens} is only used with grid_size')
+            if num_prefix_tokens != 0:
+                if not torch.jit.is_scripting():
+                    raise ValueError(f'num_prefix_tokens={num_prefix_tokens} is only used with grid_size')
+                raise ValueError('num_prefix_tokens is only used with grid_size')
             return None
         if self.causal:
             raise ValueError('grid_size (2D local window) is only supported with causal=False')
         gh, gw = int(grid_size[0]), int(grid_size[1])
         if gh < 1 or gw < 1 or num_prefix_tokens < 0 or num_prefix_tokens + gh * gw != length:
-            raise ValueError(
-                f'grid_size={tuple(grid_size)} with num_prefix_tokens={num_prefix_tokens} describes '
-                f'{num_prefix_tokens + gh * gw} tokens, but the sequence has L={length}')
+            if not torch.jit.is_scripting():
+                raise ValueError(
+                    f'grid_size={tuple(grid_size)} with num_prefix_tokens={num_prefix_tokens} describes '
+                    f'{num_prefix_tokens + gh * gw} tokens, but the sequence has L={length}')
+            raise ValueError('grid_size with num_prefix_tokens does not describe the sequence length')
         return gh, gw
 
     # ----- recurrent form (causal decoding) -----
@@ -454,6 +529,7 @@ class LavoAttention(nn.Module):
         if not self.causal:
             raise RuntimeError(f'{what} is only defined for causal=True')
 
+    @torch.jit.unused
     def init_state(self, batch_size: int, device: Optional[torch.device] = None,
                    dtype: Optional[torch.dtype] = None) -> LavoState:
         """Empty decoding state: H = 0, count 0, zero key/value caches of w tokens."""
@@ -469,6 +545,7 @@ class LavoAttention(nn.Module):
             values=torch.zeros(kv, device=device, dtype=dtype),
         )
 
+    @torch.jit.unused
     def step(self, x_t: Tensor, state: LavoState) -> Tuple[Tensor, LavoState]:
         """One causal token with O(w d + r d) work, independent of the position (Eq. 4).
 
@@ -506,9 +583,10 @@ class LavoAttention(nn.Module):
         basis = self.basis()
         proj = (z @ basis.transpose(-1, -2)).squeeze(2)  # (B, H, r)
         h = state.h + (proj - state.h) / count[:, None, None].to(proj.dtype)  # Eq. 4
-        f_global = code_read(q, h.unsqueeze(2), basis, self.scale, self.attn_drop)
+        f_global = self._read(q, h.unsqueeze(2), basis)
         return self._out(self._combine(f_local, f_global)), LavoState(h=h, count=count, keys=keys, values=values)
 
+    @torch.jit.unused
     def prefill(self, x: Tensor) -> Tuple[Tensor, LavoState]:
         """Parallel forward over a prompt that also returns the decoding state after it.
 
@@ -528,7 +606,7 @@ class LavoAttention(nn.Module):
         proj = z @ basis.transpose(-1, -2)
         cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
         h = proj.cumsum(dim=2) / cnt
-        y = self._out(self._combine(f_local, code_read(q, h, basis, self.scale, self.attn_drop)))
+        y = self._out(self._combine(f_local, self._read(q, h, basis)))
         w = self.window
         pad = max(0, w - length)
         state = LavoState(
@@ -594,9 +672,11 @@ class LavoCrossAttention(nn.Module):
     def compress(self, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
         """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r)."""
         if context.dim() != 3 or context.shape[-1] != self.context_dim:
-            raise ValueError(
-                f'context must be (B, n, {self.context_dim}) (context_dim), got {tuple(context.shape)}')
-        b, n, _ = context.shape
+            if not torch.jit.is_scripting():
+                raise ValueError(
+                    f'context must be (B, n, {self.context_dim}) (context_dim), got {tuple(context.shape)}')
+            raise ValueError('context must be (B, n, context_dim)')
+        b, n = context.shape[0], context.shape[1]
         valid = _check_key_mask(context_mask, b, n, 'context_mask')
         src = self.kv(context).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         proj = src @ self.basis().transpose(-1, -2)  # (B, H, n, r)
@@ -618,11 +698,17 @@ class LavoCrossAttention(nn.Module):
             (B, m, C).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f'x must be (B, m, {self.dim}) (dim), got {tuple(x.shape)}')
+            if not torch.jit.is_scripting():
+                raise ValueError(f'x must be (B, m, {self.dim}) (dim), got {tuple(x.shape)}')
+            raise ValueError('x must be (B, m, dim)')
         if context.dim() == 3 and context.shape[0] != x.shape[0]:
-            raise ValueError(f'batch sizes differ: x has {x.shape[0]}, context has {context.shape[0]}')
-        b, m, _ = x.shape
+            if not torch.jit.is_scripting():
+                raise ValueError(f'batch sizes differ: x has {x.shape[0]}, context has {context.shape[0]}')
+            raise ValueError('batch sizes of x and context differ')
+        b, m = x.shape[0], x.shape[1]
         h = self.compress(context, context_mask)
         q = self.q(x).reshape(b, m, self.num_heads, self.head_dim).transpose(1, 2)
-        out = code_read(q, h, self.basis(), self.scale, self.attn_drop)
+        basis = self.basis()
+        p = self.attn_drop(_slot_probs(q, h, basis, self.scale))
+        out = (p * h) @ basis
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, m, self.dim)))

@@ -222,9 +222,8 @@ class PopeAttention(nn.Module):
                 return out, probs
             return out
 
-        if not x.is_cuda:
-            # CPU SDPA has a fused kernel only for equal q/k/v widths: zero-pad v to 2d, keep d outputs
-            v = F.pad(v, (0, dh))
+        # fused SDPA kernels (CPU flash, CUDA flash) need equal q/k/v widths: zero-pad v to 2d, keep d outputs
+        v = F.pad(v, (0, dh))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
             dropout_p=self.attn_drop.p if self.training else 0.)

@@ -1,11 +1,13 @@
-"""Vision Transformers whose attention carries positional priors (GOAT, PoPE), as timm models.
+"""Vision Transformers whose attention carries positional priors (GOAT, PoPE) or LAVO, as timm models.
 
 The models follow timm's ``VisionTransformer`` contract (they subclass it) without any learned
 absolute position table: every block receives the per-token (x, y) patch coordinates of the current
 grid, so a model trained at 224 evaluates at any resolution (square or not) with no interpolation.
 
 Papers: GOAT (Litman & Guo, Sec. 4, Eq. 12 / 20 axis-wise 2D prior); PoPE (Gopalakrishnan et al.,
-Eqs. 3-6, applied axis-wise over (x, y)).
+Eqs. 3-6, applied axis-wise over (x, y)); LAVO (non-causal self-attention with a 2D local window over
+the patch grid, and ``global_pool='lavo'``: learned queries cross-attend to the compressed patches,
+Sec. 3.4), which makes the whole model linear in the number of patches.
 """
 from contextlib import nullcontext
 from functools import lru_cache, partial
@@ -15,17 +17,22 @@ import torch
 from torch import Tensor, nn
 
 from timm.layers import DropPath, LayerScale, Mlp
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, register_notrace_function
+from timm.models import (
+    build_model_with_cfg, generate_default_cfgs, register_model, register_notrace_function, register_notrace_module)
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..layers import GoatAttention, PopeAttention, grid_coords
+from ..layers import GoatAttention, LavoAttention, LavoCrossAttention, PopeAttention, grid_coords
 
-__all__ = ['PriorBlock', 'PriorVisionTransformer', 'patch_grid_coords']
+__all__ = ['PriorBlock', 'LavoBlock', 'LavoPool', 'PriorVisionTransformer', 'patch_grid_coords']
 
-POSITIONAL_ATTENTION = {'goat': GoatAttention, 'pope': PopeAttention}
+POSITIONAL_ATTENTION = {'goat': GoatAttention, 'pope': PopeAttention, 'lavo': LavoAttention}
+
+# LAVO's windowed attention depends on the grid (data under torch.fx): trace it as one leaf call
+register_notrace_module(LavoAttention)
+register_notrace_module(LavoCrossAttention)
 
 
 @lru_cache(maxsize=32)
@@ -76,6 +83,7 @@ class PriorBlock(nn.Module):
         super().__init__()
         if scale_attn_norm or not proj_bias:
             raise ValueError('PriorBlock supports neither scale_attn_norm nor proj_bias=False')
+        self.num_prefix_tokens = int(getattr(attn_layer, 'keywords', {}).get('num_prefix_tokens', 0))
         with torch.device(device) if device is not None else nullcontext():
             self.norm1 = norm_layer(dim)
             self.attn = attn_layer(
@@ -96,9 +104,11 @@ class PriorBlock(nn.Module):
             self,
             x: Tensor,
             coords: Optional[Tensor] = None,
+            grid_size: Optional[List[int]] = None,
             attn_mask: Optional[Tensor] = None,
             is_causal: bool = False,
     ) -> Tensor:
+        """``coords``: patch coordinates (used); ``grid_size``: unused here (a LavoBlock needs it)."""
         y = self.attn(self.norm1(x), coords, attn_mask, is_causal, False)
         if torch.jit.is_scripting():
             assert isinstance(y, Tensor)  # refine the Union return for TorchScript
@@ -107,6 +117,84 @@ class PriorBlock(nn.Module):
             x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+
+def _lavo_attention(
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        attn_drop: float = 0.,
+        proj_drop: float = 0.,
+        norm_layer: Optional[Type[nn.Module]] = None,
+        num_prefix_tokens: int = 0,
+        **lavo_kwargs,
+) -> LavoAttention:
+    """Non-causal LAVO attention from the arguments a timm block passes (qk_norm is not supported)."""
+    if qk_norm:
+        raise ValueError('LAVO ViT blocks do not support qk_norm')
+    lavo_kwargs.setdefault('num_slots', min(64, dim // num_heads))
+    return LavoAttention(dim, num_heads=num_heads, causal=False, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop, **lavo_kwargs)
+
+
+@torch.fx.wrap
+def reject_dense_mask(attn_mask: Optional[Tensor], is_causal: bool) -> None:
+    """LAVO ViT blocks are non-causal and take no (N, N) mask: say so instead of ignoring it."""
+    if attn_mask is not None or is_causal:
+        raise ValueError('LAVO ViT blocks are non-causal and accept no attn_mask / is_causal')
+
+
+class LavoBlock(PriorBlock):
+    """Pre-norm block with non-causal LAVO self-attention over the 2D patch grid (linear in N).
+
+    The attention gets the grid layout (rows, cols) and the number of prefix tokens from the model;
+    the local branch is a 2D window over the grid, the global branch the CODE memory (LAVO Eqs. 3-4).
+    """
+
+    def forward(
+            self,
+            x: Tensor,
+            coords: Optional[Tensor] = None,
+            grid_size: Optional[List[int]] = None,
+            attn_mask: Optional[Tensor] = None,
+            is_causal: bool = False,
+    ) -> Tensor:
+        reject_dense_mask(attn_mask, is_causal)
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), None, grid_size, self.num_prefix_tokens)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class LavoPool(nn.Module):
+    """``global_pool='lavo'``: learned queries cross-attend to the compressed patch tokens (LAVO Sec. 3.4).
+
+    Cost O(r d (n + m)) for n patches and m queries; the queries' outputs are averaged, then a
+    residual MLP as in timm's ``AttentionPoolLatent``.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            num_queries: int = 1,
+            num_slots: int = 64,
+            mlp_ratio: float = 4.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+    ) -> None:
+        super().__init__()
+        self.latent = nn.Parameter(torch.zeros(1, num_queries, dim))
+        nn.init.trunc_normal_(self.latent, std=dim ** -0.5)
+        self.attn = LavoCrossAttention(dim, num_heads=num_heads, num_slots=min(num_slots, dim // num_heads))
+        self.norm = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+
+    def forward(self, x: Tensor) -> Tensor:
+        queries = self.latent.expand(x.shape[0], -1, -1)
+        y = queries + self.attn(queries, x)
+        y = y + self.mlp(self.norm(y))
+        return y.mean(dim=1)
 
 
 class PriorVisionTransformer(VisionTransformer):
@@ -127,6 +215,7 @@ class PriorVisionTransformer(VisionTransformer):
             pos_attn: str = 'goat',
             attn_kwargs: Optional[Dict[str, Any]] = None,
             dynamic_img_size: bool = True,
+            global_pool: str = 'token',
             **kwargs,
     ) -> None:
         if pos_attn not in POSITIONAL_ATTENTION:
@@ -137,18 +226,48 @@ class PriorVisionTransformer(VisionTransformer):
         if kwargs.get('patch_drop_rate', 0.) > 0:
             raise ValueError('patch_drop_rate > 0 is not supported: it would need per-sample token coordinates')
         num_prefix_tokens = int(kwargs.get('class_token', True)) + int(kwargs.get('reg_tokens', 0))
-        attn_layer = partial(
-            POSITIONAL_ATTENTION[pos_attn], num_spatial_dims=2, num_prefix_tokens=num_prefix_tokens,
-            **(attn_kwargs or {}))
+        if pos_attn == 'lavo':
+            attn_layer = partial(_lavo_attention, num_prefix_tokens=num_prefix_tokens, **(attn_kwargs or {}))
+            block_fn: Type[nn.Module] = LavoBlock
+        else:
+            attn_layer = partial(
+                POSITIONAL_ATTENTION[pos_attn], num_spatial_dims=2, num_prefix_tokens=num_prefix_tokens,
+                **(attn_kwargs or {}))
+            block_fn = PriorBlock
         kwargs['pos_embed'] = 'none'
-        super().__init__(dynamic_img_size=dynamic_img_size, block_fn=PriorBlock, attn_layer=attn_layer, **kwargs)
+        lavo_pool = global_pool == 'lavo'
+        super().__init__(
+            dynamic_img_size=dynamic_img_size, block_fn=block_fn, attn_layer=attn_layer,
+            global_pool='map' if lavo_pool else global_pool, **kwargs)
+        if lavo_pool:
+            self._make_lavo_pool()
         self.pos_attn = pos_attn
         self._set_block_grid_size()
+
+    def _make_lavo_pool(self) -> None:
+        num_heads = self.blocks[0].attn.num_heads if len(self.blocks) else 1
+        device = self.patch_embed.proj.weight.device
+        with torch.device(device):
+            self.attn_pool = LavoPool(self.embed_dim, num_heads=num_heads)
+        self.global_pool = 'lavo'
+        self.pool_include_prefix = False
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """As timm's, plus ``global_pool='lavo'`` (kept, or switched to from another pool)."""
+        if global_pool == 'lavo' or (global_pool is None and self.global_pool == 'lavo'):
+            if self.global_pool != 'lavo':
+                self._make_lavo_pool()
+            super().reset_classifier(num_classes, None)
+            return
+        if self.global_pool == 'lavo' and global_pool is not None:
+            self.global_pool = 'map'  # let timm remove the attention pool
+        super().reset_classifier(num_classes, global_pool)
 
     def _set_block_grid_size(self) -> None:
         grid = tuple(self.patch_embed.grid_size)
         for blk in self.blocks:
-            blk.attn.set_grid_size(grid)
+            if hasattr(blk.attn, 'set_grid_size'):
+                blk.attn.set_grid_size(grid)
 
     def set_input_size(
             self,
@@ -168,8 +287,8 @@ class PriorVisionTransformer(VisionTransformer):
                 skip.add(name)
         return skip
 
-    def _embed_with_coords(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """Patch tokens (NHWC or NLC) -> prefix + patch tokens (NLC) and patch coordinates."""
+    def _embed_with_coords(self, x: Tensor) -> Tuple[Tensor, Tensor, List[int]]:
+        """Patch tokens (NHWC or NLC) -> prefix + patch tokens (NLC), patch coordinates, [rows, cols]."""
         if self.dynamic_img_size:
             B, H, W, C = x.shape
             x = x.reshape(B, H * W, C)
@@ -183,7 +302,7 @@ class PriorVisionTransformer(VisionTransformer):
             to_cat.append(self.reg_token.expand(x.shape[0], -1, -1))
         if len(to_cat) > 0:
             x = torch.cat(to_cat + [x], dim=1)
-        return self.pos_drop(x), coords
+        return self.pos_drop(x), coords, [H, W]
 
     def forward_features(
             self,
@@ -192,13 +311,13 @@ class PriorVisionTransformer(VisionTransformer):
             is_causal: bool = False,
     ) -> Tensor:
         x = self.patch_embed(x)
-        x, coords = self._embed_with_coords(x)
+        x, coords, grid = self._embed_with_coords(x)
         x = self.norm_pre(x)
         for blk in self.blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, coords, attn_mask, is_causal)
+                x = checkpoint(blk, x, coords, grid, attn_mask, is_causal)
             else:
-                x = blk(x, coords, attn_mask, is_causal)
+                x = blk(x, coords, grid, attn_mask, is_causal)
         return self.norm(x)
 
     def forward_intermediates(
@@ -222,7 +341,7 @@ class PriorVisionTransformer(VisionTransformer):
 
         B, _, height, width = x.shape
         x = self.patch_embed(x)
-        x, coords = self._embed_with_coords(x)
+        x, coords, grid = self._embed_with_coords(x)
         x = self.norm_pre(x)
 
         if torch.jit.is_scripting() or not stop_early:  # can't slice blocks in torchscript
@@ -231,9 +350,9 @@ class PriorVisionTransformer(VisionTransformer):
             blocks = self.blocks[:max_index + 1]
         for i, blk in enumerate(blocks):
             if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, coords, attn_mask, is_causal)
+                x = checkpoint(blk, x, coords, grid, attn_mask, is_causal)
             else:
-                x = blk(x, coords, attn_mask, is_causal)
+                x = blk(x, coords, grid, attn_mask, is_causal)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
 
@@ -288,6 +407,9 @@ default_cfgs = generate_default_cfgs({
     'vit_tiny_patch16_pope_224.untrained': _cfg(),
     'vit_small_patch16_pope_224.untrained': _cfg(),
     'vit_base_patch16_pope_224.untrained': _cfg(),
+    'vit_tiny_patch16_lavo_224.untrained': _cfg(),
+    'vit_small_patch16_lavo_224.untrained': _cfg(),
+    'vit_base_patch16_lavo_224.untrained': _cfg(),
 })
 
 
@@ -309,6 +431,8 @@ SIZES = {
 
 def _entry(size: str, pos_attn: str, pretrained: bool, kwargs: Dict[str, Any]) -> PriorVisionTransformer:
     model_args = dict(SIZES[size], pos_attn=pos_attn)
+    if pos_attn == 'lavo':
+        model_args['global_pool'] = "lavo"
     return _create_prior_vit(f'vit_{size}_patch16_{pos_attn}_224', pretrained=pretrained, **dict(model_args, **kwargs))
 
 
@@ -346,3 +470,21 @@ def vit_small_patch16_pope_224(pretrained: bool = False, **kwargs) -> PriorVisio
 def vit_base_patch16_pope_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
     """ViT-B/16 with 2D PoPE phases."""
     return _entry('base', 'pope', pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_lavo_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-Ti/16 with non-causal LAVO blocks (2D local window + CODE memory) and LAVO pooling."""
+    return _entry('tiny', 'lavo', pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_lavo_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-S/16 with non-causal LAVO blocks and LAVO pooling: linear in the number of patches."""
+    return _entry('small', 'lavo', pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_lavo_224(pretrained: bool = False, **kwargs) -> PriorVisionTransformer:
+    """ViT-B/16 with non-causal LAVO blocks and LAVO pooling."""
+    return _entry('base', 'lavo', pretrained, kwargs)
