@@ -427,3 +427,94 @@ def test_dropout_only_in_training():
     assert not torch.equal(m(x), m(x))
     m.eval()
     assert torch.equal(m(x), m(x))
+
+
+# ----- TorchScript -----
+
+def _assert_script_equal(scripted, eager, *args):
+    with torch.no_grad():
+        y = eager(*args)
+        for _ in range(3):  # the profiling executor optimises the graph after the first calls
+            assert torch.equal(scripted(*args), y)
+
+
+@pytest.mark.parametrize('kw', [
+    dict(),
+    dict(dissection='sliding'),
+    dict(use_epe=False, context_dissection=False),
+    dict(use_local=False, context_dissection=False),
+    dict(basis='penalty'),
+])
+def test_script_noncausal_1d_matches_eager(kw):
+    m = _make(causal=False, **kw)
+    sm = torch.jit.script(m)
+    x = torch.randn(2, 2 * WIN + 3, DIM, dtype=DT)
+    mask = torch.ones(2, x.shape[1], dtype=torch.bool)
+    mask[1, 4] = mask[1, 9:] = False
+    _assert_script_equal(sm, m, x)
+    _assert_script_equal(sm, m, x, mask)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(dissection='sliding'), dict(use_epe=False, context_dissection=False)])
+def test_script_noncausal_2d_matches_eager(kw):
+    m = _make(causal=False, window=3, window_2d=2, **kw)
+    sm = torch.jit.script(m)
+    x = torch.randn(2, 1 + 20, DIM, dtype=DT)
+    mask = torch.ones(2, x.shape[1], dtype=torch.bool)
+    mask[1, [1, 2, 6, 7]] = False
+    with torch.no_grad():
+        y = m(x, None, (4, 5), 1)
+        for _ in range(3):
+            assert torch.equal(sm(x, None, [4, 5], 1), y)
+            assert torch.equal(sm(x, mask, [4, 5], 1), m(x, mask, (4, 5), 1))
+        with pytest.raises(Exception, match='grid_size'):
+            sm(x, None, [4, 4], 1)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(dissection='sliding'), dict(use_epe=False, context_dissection=False)])
+def test_script_causal_matches_eager(kw):
+    m = _make(**kw)
+    sm = torch.jit.script(m)
+    x = torch.randn(2, 2 * WIN + 3, DIM, dtype=DT)
+    mask = torch.ones(2, x.shape[1], dtype=torch.bool)
+    mask[1, 13:] = False
+    _assert_script_equal(sm, m, x)
+    _assert_script_equal(sm, m, x, mask)
+
+
+def test_script_float32_and_dropout_train():
+    torch.manual_seed(0)
+    m = LavoAttention(DIM, HEADS, num_slots=SLOTS, window=4, causal=False, attn_drop=0.3).eval()
+    sm = torch.jit.script(m)
+    x = torch.randn(2, 9, DIM)
+    _assert_script_equal(sm, m, x)
+    m.train()
+    sm.train()
+    torch.manual_seed(3)
+    y = m(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(sm(x), y, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize('masked', [False, True])
+def test_script_cross_matches_eager(masked):
+    torch.manual_seed(0)
+    c = LavoCrossAttention(DIM, HEADS, num_slots=SLOTS, context_dim=12, qkv_bias=True).to(DT).eval()
+    sc = torch.jit.script(c)
+    x = torch.randn(2, 5, DIM, dtype=DT)
+    ctx = torch.randn(2, 9, 12, dtype=DT)
+    mask = None
+    if masked:
+        mask = torch.ones(2, 9, dtype=torch.bool)
+        mask[0, [1, 6]] = False
+        mask[1, 4:] = False
+    _assert_script_equal(sc, c, x, ctx, mask)
+    with pytest.raises(Exception, match='context'):
+        sc(x, torch.randn(2, 9, DIM, dtype=DT))
+
+
+def test_scripted_finfo_min_matches_torch():
+    from vision_priors.layers.lavo import _finfo_min
+    fn = torch.jit.script(_finfo_min)
+    for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        assert fn(dt) == _finfo_min(dt) == torch.finfo(dt).min

@@ -33,6 +33,11 @@ Choices where the paper is silent (all configurable):
     * Padding: a (B, L) bool mask (True = valid) removes tokens from local windows and from the mean H
       (the count is over valid tokens); a query with no valid key in a window gets 0 from that window.
     * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head.
+
+TorchScript: ``LavoAttention.forward`` (causal or not; ``grid_size`` as a list of two ints) and
+``LavoCrossAttention.forward`` compile with ``torch.jit.script`` for the 'fixed' and 'penalty' bases
+('orthogonal' does not: ``torch.nn.utils.parametrize`` is not scriptable). The decoding methods
+(``init_state``, ``step``, ``prefill``) are ``@torch.jit.unused``: eager only.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -57,7 +62,9 @@ class OrthogonalBasis(nn.Module):
         num_slots: r, the number of memory slots (rows of B).
         head_dim: d, the feature dimension per head; needs ``num_slots <= head_dim``.
         mode: 'fixed' (buffer), 'orthogonal' (parametrised, exactly orthonormal rows) or 'penalty'
-            (free parameter; add :meth:`orthogonality_penalty` to the loss).
+            (free parameter; add :meth:`orthogonality_penalty` to the loss). 'fixed' and 'penalty' work
+            under ``torch.jit.script``; 'orthogonal' does not (``torch.nn.utils.parametrize`` is not
+            scriptable).
     """
 
     def __init__(self, num_heads: int, num_slots: int, head_dim: int, mode: str = 'fixed') -> None:
@@ -81,18 +88,9 @@ class OrthogonalBasis(nn.Module):
             self.weight = nn.Parameter(init)
             if mode == 'orthogonal':
                 orthogonal(self, 'weight')
-                # torch.nn.utils.parametrize does not support TorchScript: in the class it made for this
-                # instance, compute B in Python (a scripted model then runs, but cannot be saved).
-                cls = type(self)
-                cls.forward = torch.jit.ignore(cls._parametrized_weight)
-                cls.__jit_ignored_attributes__ = ['parametrizations']
-                cls.__jit_unused_properties__ = ['weight']
 
     def forward(self) -> Tensor:
         """Returns B as a (heads, r, d) tensor."""
-        return self.weight
-
-    def _parametrized_weight(self) -> Tensor:
         return self.weight
 
     def orthogonality_penalty(self) -> Tensor:
@@ -406,7 +404,8 @@ class LavoAttention(nn.Module):
             # Non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table.
             nh_t, nw_t = -(-gh // w2), -(-gw // w2)
             tq, tk, tv = _tiles(pq, gh, gw, w2), _tiles(pk, gh, gw, w2), _tiles(pvv, gh, gw, w2)
-            tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2).squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2)
+            tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2)
+            tvalid = tvalid.squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2)
             a = torch.arange(w2, device=q.device)
             yy, xx = torch.meshgrid(a, a, indexing='ij')
             yy, xx = yy.reshape(-1), xx.reshape(-1)
@@ -420,7 +419,8 @@ class LavoAttention(nn.Module):
             outs.append(o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d))
         else:
             nk, nv = _unfold_2d(pk, gh, gw, w2), _unfold_2d(pvv, gh, gw, w2)
-            nvalid = _unfold_2d(pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype), gh, gw, w2)[..., 0] > 0.5
+            nvalid = pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype)
+            nvalid = _unfold_2d(nvalid, gh, gw, w2)[..., 0] > 0.5
             s = (pq.unsqueeze(-2) @ nk.transpose(-1, -2)).squeeze(-2) * self.scale  # (B, H, N, kw*kw)
             if bias is not None:
                 s = s + bias
