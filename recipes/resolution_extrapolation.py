@@ -57,9 +57,12 @@ DEFAULT_MODELS = [
     'vit_small_patch16_rope_mixed_224',  # mixed (learned-frequency) RoPE (timm Eva)
     'vit_tiny_patch16_goat_224',
     'vit_tiny_patch16_pope_224',
-]
-# the built-in experiment's small ViT: width 128 (2 heads of 64), depth 4, patch 4
+    'vit_tiny_patch16_lavo_224',
+]  # on the built-in scenes all get the same BUILTIN_OVERRIDES width / depth / patch
+# the built-in experiment's small ViT: width 128 (2 heads of 64), depth 4, patch 4; LAVO models get a
+# 3 x 3 local window (its default 7 x 7 would cover almost all of the 8 x 8 training grid)
 BUILTIN_OVERRIDES = dict(embed_dim=128, depth=4, num_heads=2, patch_size=4)
+BUILTIN_LAVO_OVERRIDES = dict(attn_kwargs=dict(window_2d=2))
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff', '.ppm', '.pgm', '.gif')
 
 
@@ -183,12 +186,14 @@ class Normalize(nn.Module):
 
 # ---------------------------------------------------------------------------------------- models
 
-def model_kwargs(args: argparse.Namespace, num_classes: int) -> Dict[str, Any]:
+def model_kwargs(args: argparse.Namespace, num_classes: int, name: str) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = dict(num_classes=num_classes, img_size=args.train_res, dynamic_img_size=True,
                                   drop_path_rate=args.drop_path)
     overrides = args.size_overrides
     if overrides == 'auto':
-        overrides = BUILTIN_OVERRIDES if data_kind(args.data) == 'builtin' else {}
+        overrides = {}
+        if data_kind(args.data) == 'builtin':
+            overrides = dict(BUILTIN_OVERRIDES, **(BUILTIN_LAVO_OVERRIDES if '_lavo_' in name else {}))
     elif overrides == 'none':
         overrides = {}
     else:
@@ -215,10 +220,10 @@ def check_resolution(model: nn.Module, res: Tuple[int, int], name: str) -> None:
 def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path) -> Path:
     """Train ``name`` with ``seed`` into ``out_dir``; returns the final checkpoint folder."""
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
-    probe = build_model(name, dict(model_kwargs(args, 10)))
+    probe = build_model(name, model_kwargs(args, 10, name))
     check_resolution(probe, args.train_res, name)
     train_data, num_classes, map_style, epoch_length = make_train_data(args, probe, seed)
-    kwargs = model_kwargs(args, num_classes)
+    kwargs = model_kwargs(args, num_classes, name)
     model = build_model(name, kwargs)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
                   args={k: (res_name(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()
@@ -302,7 +307,8 @@ def load_for_eval(source: str, args: argparse.Namespace) -> Tuple[str, nn.Module
         model.load_state_dict(load_file(str(weights)))
         return config['model'], model, config
     if source in timm.list_models():
-        kwargs = model_kwargs(args, args.num_classes or (SpatialScenes.num_classes if data_kind(args.data) == 'builtin' else 1000))
+        kwargs = model_kwargs(
+            args, args.num_classes or (SpatialScenes.num_classes if data_kind(args.data) == 'builtin' else 1000), source)
         return source, build_model(source, kwargs), dict(model=source, model_kwargs=kwargs)
     raise FileNotFoundError(f'{source!r} is neither a checkpoint / run folder nor a registered model name')
 
@@ -471,8 +477,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    'a brace pattern like "train-{000000..000009}.tar|N")')
     g.add_argument('--val-split', default='validation', help='webdataset validation split')
     g.add_argument('--num-classes', type=int, default=None, help='classes (needed for webdataset)')
-    g.add_argument('--train-samples', type=int, default=4000, help='built-in scenes: training samples')
-    g.add_argument('--val-samples', type=int, default=1000, help='built-in scenes: validation samples')
+    g.add_argument('--train-samples', type=int, default=3200, help='built-in scenes: training samples')
+    g.add_argument('--val-samples', type=int, default=480, help='built-in scenes: validation samples')
     g.add_argument('--data-seed', type=int, default=0, help='built-in scenes: generator seed')
     g.add_argument('--crop-pct', type=float, default=0.875, help='eval transform crop fraction (real images)')
     g.add_argument('--auto-augment', default=None, help='timm auto-augment policy, e.g. rand-m9-mstd0.5')
@@ -487,12 +493,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument('--eval-res', type=parse_resolution, nargs='+', default=[(32, 32), (48, 48), (64, 64)],
                    help='evaluation resolutions, N or HxW')
     g = p.add_argument_group('optimisation')
-    g.add_argument('--epochs', type=int, default=3, help='training epochs (ignored when --updates is set)')
+    g.add_argument('--epochs', type=int, default=1, help='training epochs (ignored when --updates is set)')
     g.add_argument('--updates', type=int, default=0, help='total optimizer updates (overrides --epochs)')
     g.add_argument('--batch-size', type=int, default=64, help='per-process batch size')
     g.add_argument('--grad-accum', type=int, default=1, help='gradient accumulation steps')
     g.add_argument('--opt', default='adamw', help='timm optimizer name')
-    g.add_argument('--lr', type=float, default=1e-3)
+    g.add_argument('--lr', type=float, default=2e-3)
     g.add_argument('--weight-decay', type=float, default=0.05)
     g.add_argument('--warmup-epochs', type=int, default=0)
     g.add_argument('--mixup', type=float, default=0.0, help='mixup alpha (0 = off)')
