@@ -219,6 +219,9 @@ def check_resolution(model: nn.Module, res: Tuple[int, int], name: str) -> None:
 
 def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path) -> Path:
     """Train ``name`` with ``seed`` into ``out_dir``; returns the final checkpoint folder."""
+    if (out_dir / 'latest.json').exists() and not args.resume:
+        raise FileExistsError(f'{out_dir} already holds a run (latest.json); pass --resume to continue it '
+                              f'or choose another --out')
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     probe = build_model(name, model_kwargs(args, 10, name))
     check_resolution(probe, args.train_res, name)

@@ -165,6 +165,13 @@ def test_clear_errors(image_folder, tmp_path):
         recipe.main(['eval', 'x', '--eval-res', '32y'])
 
 
+def test_refuses_to_overwrite_a_run_without_resume(image_folder, tmp_path):
+    run = tmp_path / 'run'
+    recipe.main(_train_args(run, str(image_folder), '--updates', '1'))
+    with pytest.raises(FileExistsError, match=r'already holds a run .* --resume'):
+        recipe.main(_train_args(run, str(image_folder), '--updates', '1'))
+
+
 def test_builtin_compare_and_analyze(tmp_path):
     out = tmp_path / 'compare'
     recipe.main(['compare', '--models', 'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224', '--seeds', '0', '1',
