@@ -518,3 +518,20 @@ def test_scripted_finfo_min_matches_torch():
     fn = torch.jit.script(_finfo_min)
     for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         assert fn(dt) == _finfo_min(dt) == torch.finfo(dt).min
+
+
+def test_num_spatial_dims_keeps_only_the_used_bias_table():
+    from vision_priors.layers.lavo import LavoAttention as _Lavo
+    layer2d = _Lavo(32, 2, num_slots=8, window=4, causal=False, window_2d=2, num_spatial_dims=2)
+    assert layer2d.rel_bias is None and layer2d.rel_bias_2d is not None
+    out = layer2d(torch.randn(2, 1 + 12, 32), grid_size=(3, 4), num_prefix_tokens=1)
+    out.square().sum().backward()
+    assert all(p.grad is not None for p in layer2d.parameters())  # no parameter left without gradient
+    with pytest.raises(ValueError, match='pass grid_size'):
+        layer2d(torch.randn(1, 12, 32))
+    layer1d = _Lavo(32, 2, num_slots=8, window=4, causal=False, num_spatial_dims=1)
+    assert layer1d.rel_bias_2d is None
+    with pytest.raises(ValueError, match='grid_size is not accepted'):
+        layer1d(torch.randn(1, 12, 32), grid_size=(3, 4))
+    with pytest.raises(ValueError, match='num_spatial_dims'):
+        _Lavo(32, 2, num_slots=8, window=4, causal=True, num_spatial_dims=2)

@@ -225,6 +225,9 @@ class LavoAttention(nn.Module):
         num_slots: r, memory slots per head (<= head_dim).
         window: w, local window: causal keys ``t-w+1..t``; non-causal ``|j - i| <= w - 1``.
         causal: Causal (Eq. 4, with :meth:`step`) or non-causal (global mean over the whole sequence).
+        num_spatial_dims: None (default) keeps both relative-bias tables, so the layer accepts 1D
+            sequences and (non-causal) ``grid_size`` calls; 1 or 2 keeps only the table that layout
+            uses (no parameter without gradient) and rejects the other layout.
         window_2d: w2 of the non-causal 2D window used when ``grid_size`` is passed: neighbours with
             ``|dy|, |dx| <= w2 - 1`` (default 4: a 7 x 7 neighbourhood, 4 x 4 dissection tiles).
         use_epe: Embedded relative position bias P (Sec. 3.3).
@@ -246,6 +249,7 @@ class LavoAttention(nn.Module):
             window: int = 64,
             causal: bool = True,
             window_2d: int = 4,
+            num_spatial_dims: Optional[int] = None,
             use_epe: bool = True,
             context_dissection: bool = True,
             dissection: str = 'block',
@@ -285,11 +289,16 @@ class LavoAttention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        if num_spatial_dims not in (None, 1, 2) or (causal and num_spatial_dims == 2):
+            raise ValueError(f'num_spatial_dims must be None, 1 or (non-causal only) 2, got {num_spatial_dims}')
+        self.num_spatial_dims = 0 if num_spatial_dims is None else num_spatial_dims  # 0: both layouts
         needs_bias = use_epe and (use_local or context_dissection)
         # P in R^{2w-1} (Sec. 3.3); the causal form only uses P[0..w-1] (offsets j - i <= 0).
-        self.rel_bias = nn.Parameter(torch.zeros(2 * window - 1)) if needs_bias else None
+        self.rel_bias = (
+            nn.Parameter(torch.zeros(2 * window - 1)) if needs_bias and num_spatial_dims != 2 else None)
         self.rel_bias_2d = (
-            nn.Parameter(torch.zeros((2 * self.window_2d - 1) ** 2)) if needs_bias and not causal else None)
+            nn.Parameter(torch.zeros((2 * self.window_2d - 1) ** 2))
+            if needs_bias and not causal and num_spatial_dims != 1 else None)
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, num_slots={self.num_slots}, window={self.window}, '
@@ -506,6 +515,10 @@ class LavoAttention(nn.Module):
     def _check_grid(
             self, grid_size: Optional[List[int]], num_prefix_tokens: int, length: int,
     ) -> Optional[Tuple[int, int]]:
+        if grid_size is None and self.num_spatial_dims == 2:
+            raise ValueError('this layer was built with num_spatial_dims=2: pass grid_size')
+        if grid_size is not None and self.num_spatial_dims == 1:
+            raise ValueError('this layer was built with num_spatial_dims=1: grid_size is not accepted')
         if grid_size is None:
             if num_prefix_tokens != 0:
                 if not torch.jit.is_scripting():

@@ -134,8 +134,8 @@ def _lavo_attention(
     if qk_norm:
         raise ValueError('LAVO ViT blocks do not support qk_norm')
     lavo_kwargs.setdefault('num_slots', min(64, dim // num_heads))
-    return LavoAttention(dim, num_heads=num_heads, causal=False, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop, **lavo_kwargs)
+    return LavoAttention(dim, num_heads=num_heads, causal=False, num_spatial_dims=2, qkv_bias=qkv_bias,
+                         attn_drop=attn_drop, proj_drop=proj_drop, **lavo_kwargs)
 
 
 @torch.fx.wrap
