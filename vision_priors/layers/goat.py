@@ -388,9 +388,12 @@ class GoatAttention(nn.Module):
                 return out, probs
             return out
 
-        q = torch.cat([q * self.content_scale, q_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
+        # SDPA's scale applies 1 / sqrt(d_c) to the content part; the positional query coordinates
+        # are pre-divided by it, so q'.k' * scale = content / sqrt(d_c) + prior exactly (Eqs. 23-27)
+        q_pos = q_pos / self.content_scale
+        q = torch.cat([q, q_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
         k = torch.cat([k, k_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.content_scale,
             dropout_p=self.attn_drop.p if self.training else 0.)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
