@@ -207,7 +207,6 @@ def fit(
             accelerator.load_state(str(path))
             accelerator.print(f'resumed from {path} at update {counter.update}')
 
-    grad_accum = accelerator.gradient_accumulation_steps
     micro_per_epoch = epoch_length or len(train_loader)  # type: ignore[arg-type]
     if micro_per_epoch < 1:
         raise ValueError('the training loader is empty')

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

@@ -47,7 +47,6 @@ def goat_reference(layer: GoatAttention, x: torch.Tensor, coords: torch.Tensor, 
         freqs = torch.tensor([ladder] * coords.shape[1], dtype=torch.float64)
     alpha, beta = prior.alpha.double(), prior.beta.double()
     D = coords.shape[1]
-    M = N - P
     rel = torch.zeros(H, N, N, dtype=torch.float64)
     for h in range(H):
         for a in range(D):

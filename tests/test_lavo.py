@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 
 from vision_priors.layers.lavo import LavoAttention, LavoCrossAttention
 

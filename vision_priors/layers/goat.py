@@ -14,7 +14,6 @@ key coordinate u_h(j); one zero pad coordinate keeps the head width (Eqs. 23-27)
 content coordinates remain, values keep all d_h, and ONE ``F.scaled_dot_product_attention`` call on
 the widened q', k' computes the logits exactly, with no dense bias matrix.
 """
-import math
 from typing import Optional, Tuple, Type, Union
 
 import torch
@@ -116,7 +115,6 @@ class GoatPrior(nn.Module):
         self.freq_base = float(freq_base if freq_base is not None else (100.0 if is_2d else 10000.0))
         self.alibi_extent = float(alibi_extent if alibi_extent is not None else (16.0 if is_2d else 512.0))
         self.abs_pos_scale = float(abs_pos_scale if abs_pos_scale is not None else (14.0 if is_2d else 2048.0))
-        self.learn_freqs = learn_freqs
 
         if learn_freqs:
             ladder = self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
