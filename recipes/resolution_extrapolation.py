@@ -123,9 +123,24 @@ def data_kind(data: Optional[str]) -> str:
     return 'folder'
 
 
-def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int], seed: int) -> Dataset:
+def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
     num = args.train_samples if split == 'train' else args.val_samples
     return SpatialScenes(split=split, num_samples=num, resolution=res, seed=args.data_seed, transform=None)
+
+
+def image_transform(args: argparse.Namespace, model: nn.Module, res: Tuple[int, int], is_training: bool):
+    """timm's train (random-resized crop, flip, optional auto-augment) or eval (resize + centre crop) transform."""
+    mean, std = _mean_std(model)
+    extra = dict(auto_augment=args.auto_augment) if is_training else dict(crop_pct=args.crop_pct)
+    return create_transform(input_size=(3, *res), is_training=is_training, mean=mean, std=std,
+                            interpolation='bicubic', **extra)
+
+
+def wds_root(args: argparse.Namespace) -> str:
+    root = args.data[len('wds:'):]
+    if not Path(root).exists():
+        raise FileNotFoundError(f'webdataset folder {root} does not exist')
+    return root
 
 
 def make_train_data(args: argparse.Namespace, model: nn.Module, seed: int) -> Tuple[Any, int, bool, Optional[int]]:
@@ -133,22 +148,16 @@ def make_train_data(args: argparse.Namespace, model: nn.Module, seed: int) -> Tu
     kind = data_kind(args.data)
     res = args.train_res
     if kind == 'builtin':
-        ds = builtin_dataset('train', args, res, seed)
+        ds = builtin_dataset('train', args, res)
         return ds, ds.num_classes, True, None
-    config = resolve_data_config(model=model)
-    transform = create_transform(
-        input_size=(3, *res), is_training=True, mean=config['mean'], std=config['std'],
-        auto_augment=args.auto_augment, interpolation='bicubic')
+    transform = image_transform(args, model, res, is_training=True)
     if kind == 'folder':
         root = Path(args.data)
         check_image_folder(root, 'train')
         ds = StrictImages(create_dataset('', root=str(root), split='train', is_training=True, transform=transform))
         return ds, len(ds.dataset.reader.class_to_idx), True, None
-    root = args.data[len('wds:'):]
-    if not Path(root).exists():
-        raise FileNotFoundError(f'webdataset folder {root} does not exist')
-    ds = create_dataset('wds/', root=root, split=args.train_split, is_training=True, batch_size=args.batch_size,
-                        transform=transform, seed=seed)
+    ds = create_dataset('wds/', root=wds_root(args), split=args.train_split, is_training=True,
+                        batch_size=args.batch_size, transform=transform, seed=seed)
     if args.num_classes is None:
         raise ValueError('webdataset training needs --num-classes')
     epoch_length = max(1, len(ds) // args.batch_size)
@@ -158,16 +167,13 @@ def make_train_data(args: argparse.Namespace, model: nn.Module, seed: int) -> Tu
 def make_eval_data(args: argparse.Namespace, model: nn.Module, res: Tuple[int, int]) -> Dataset:
     kind = data_kind(args.data)
     if kind == 'builtin':
-        return builtin_dataset('val', args, res, args.data_seed)
-    config = resolve_data_config(model=model)
-    transform = create_transform(
-        input_size=(3, *res), is_training=False, mean=config['mean'], std=config['std'],
-        crop_pct=args.crop_pct, interpolation='bicubic')
+        return builtin_dataset('val', args, res)
+    transform = image_transform(args, model, res, is_training=False)
     if kind == 'folder':
         root = Path(args.data)
         check_image_folder(root, 'val')
         return StrictImages(create_dataset('', root=str(root), split='val', is_training=False, transform=transform))
-    return create_dataset('wds/', root=args.data[len('wds:'):], split=args.val_split, is_training=False,
+    return create_dataset('wds/', root=wds_root(args), split=args.val_split, is_training=False,
                           batch_size=args.batch_size, transform=transform)
 
 
