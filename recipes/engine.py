@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, send_to_device, set_seed
 
 LATEST = 'latest.json'
 
@@ -162,7 +162,7 @@ def fit(
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         train_loader: Iterable,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
         total_updates: int,
         out_dir: Path,
         *,
@@ -175,6 +175,7 @@ def fit(
         log_every: int = 10,
         logger: Optional[JsonlLogger] = None,
         epoch_length: Optional[int] = None,
+        step_fn: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
 ) -> Dict[str, Any]:
     """Train for ``total_updates`` optimizer updates.
 
@@ -183,13 +184,15 @@ def fit(
             ``train_loader`` must already be ``accelerator.prepare``-d (an iterable / webdataset
             loader is not: it is split per rank by its reader).
         scheduler: timm scheduler stepped per update (``step_update``), checkpointed.
-        loss_fn: ``loss_fn(logits, targets)``.
+        loss_fn: ``loss_fn(logits, targets)`` for loaders of ``(images, targets)``; unused with ``step_fn``.
         batch_transform: ``(images, targets) -> (images, targets)`` on device (e.g. timm Mixup).
         ema: timm ``ModelEmaV3`` updated after each optimizer update, checkpointed.
         checkpoint_every: Save every this many updates (and at the end); 0 = only at the end.
         resume: Continue from ``out_dir/latest.json`` if present.
         stop_after: Stop (after checkpointing) once this many updates are done: simulates a kill.
         epoch_length: Micro-batches per epoch for loaders without ``len``.
+        step_fn: For batches of any structure (e.g. a dict): ``step_fn(model, batch) -> loss``, called
+            under autocast with the batch already on the device; replaces ``loss_fn(model(images), targets)``.
 
     Returns:
         ``{'updates': ..., 'last_loss': ..., 'checkpoint': path}``.
@@ -210,6 +213,8 @@ def fit(
     micro_per_epoch = epoch_length or len(train_loader)  # type: ignore[arg-type]
     if micro_per_epoch < 1:
         raise ValueError('the training loader is empty')
+    if step_fn is None and loss_fn is None:
+        raise ValueError('fit() needs loss_fn (for (images, targets) batches) or step_fn')
     progress = tqdm(total=total_updates, initial=counter.update, disable=not accelerator.is_main_process,
                     desc='train', dynamic_ncols=True)
     last_loss = math.nan
@@ -228,13 +233,20 @@ def fit(
         batches = iter(loader)
         torch.set_rng_state(rng)
         seen = 0
-        for images, targets in batches:
-            images, targets = images.to(accelerator.device), targets.to(accelerator.device)
-            if batch_transform is not None:
-                images, targets = batch_transform(images, targets)
+        for batch in batches:
+            if step_fn is None:
+                images, targets = batch
+                images, targets = images.to(accelerator.device), targets.to(accelerator.device)
+                if batch_transform is not None:
+                    images, targets = batch_transform(images, targets)
+            else:
+                batch = send_to_device(batch, accelerator.device)
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    loss = loss_fn(model(images), targets)
+                    if step_fn is None:
+                        loss = loss_fn(model(images), targets)
+                    else:
+                        loss = step_fn(model, batch)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and clip_grad:
                     accelerator.clip_grad_norm_(model.parameters(), clip_grad)

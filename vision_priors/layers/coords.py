@@ -55,12 +55,15 @@ def resolve_token_coords(
         grid_size: Optional[Tuple[int, int]],
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        batch_size: Optional[int] = None,
 ) -> Tensor:
-    """Validate per-token coordinates, or build the default ones, as (num_tokens, D) in ``dtype``.
+    """Validate per-token coordinates, or build the default ones, as (N, D) or (B, N, D) in ``dtype``.
 
     Args:
-        coords: (N,) or (N, 1) in 1D, (N, 2) as (x, y) in 2D, floating point; None for the default
-            sequence positions 0..N-1 (1D) or the configured ``grid_size`` (2D).
+        coords: Coordinates of the non-prefix tokens, floating point: (N, D) shared by the whole batch
+            (in 1D also (N,)), or (B, N, D) with one row per sample (e.g. a different scan order per
+            sample); D = 1 in 1D, D = 2 as (x, y) in 2D. None for the default sequence positions
+            0..N-1 (1D) or the configured ``grid_size`` (2D).
         num_tokens: N, the non-prefix tokens.
         num_spatial_dims: D, 1 or 2.
         num_prefix_tokens: Only used in the error message.
@@ -68,6 +71,7 @@ def resolve_token_coords(
         device: Device of the result.
         dtype: Floating dtype of the result (the positional parameters' dtype, so that positions
             stay in full precision under autocast).
+        batch_size: B of the tokens; per-sample coordinates must have this many rows (checked when given).
 
     Callers register it with ``torch.fx.wrap`` in their module: under torch.fx it is one leaf call,
     run on concrete values, so every check still happens.
@@ -88,11 +92,16 @@ def resolve_token_coords(
     if not torch.jit.is_scripting():
         if not coords.is_floating_point():
             raise ValueError(f'coords must be a floating-point tensor, got dtype {coords.dtype}')
-        if coords.dim() != 2 or coords.shape[0] != num_tokens or coords.shape[1] != num_spatial_dims:
+        if coords.dim() not in (2, 3) or coords.shape[-2] != num_tokens or coords.shape[-1] != num_spatial_dims:
             raise ValueError(
-                f'coords has shape {tuple(coords.shape)}, expected ({num_tokens}, {num_spatial_dims}): '
-                f'one row per non-prefix token ({num_tokens + num_prefix_tokens} tokens - '
-                f'{num_prefix_tokens} prefix) with {num_spatial_dims} coordinate(s)')
+                f'coords has shape {tuple(coords.shape)}, expected ({num_tokens}, {num_spatial_dims}) shared by '
+                f'the batch or (B, {num_tokens}, {num_spatial_dims}) per sample: one row per non-prefix token '
+                f'({num_tokens + num_prefix_tokens} tokens - {num_prefix_tokens} prefix) with '
+                f'{num_spatial_dims} coordinate(s)')
+        if coords.dim() == 3 and batch_size is not None and coords.shape[0] != batch_size:
+            raise ValueError(
+                f'per-sample coords have shape {tuple(coords.shape)}: {coords.shape[0]} rows for a batch of '
+                f'{batch_size} samples; expected ({batch_size}, {num_tokens}, {num_spatial_dims})')
     return coords.to(device=device, dtype=dtype)
 
 

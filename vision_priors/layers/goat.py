@@ -195,60 +195,65 @@ class GoatPrior(nn.Module):
         return torch.pow(self.freq_base, -exponents).expand(self.num_spatial_dims, self.num_modes)
 
     def abs_features(self, coords: Tensor) -> Tensor:
-        """phi_abs(p): per axis, sinusoids of p and p / abs_pos_scale (input of g_h, Eq. 21)."""
+        """phi_abs(p): per axis, sinusoids of p and p / abs_pos_scale (input of g_h, Eq. 21): (..., M, F)."""
         exponents = torch.arange(self.abs_num_freqs, dtype=coords.dtype, device=coords.device)
         abs_freqs = torch.pow(100.0, -exponents / max(self.abs_num_freqs, 1))  # nu_m = 100^(-m / F)
-        phase = coords.unsqueeze(-1) * abs_freqs  # (M, D, F)
+        phase = coords.unsqueeze(-1) * abs_freqs  # (..., M, D, F)
         feats = torch.cat([phase.sin(), phase.cos(), coords.unsqueeze(-1) / self.abs_pos_scale], dim=-1)
-        return feats.flatten(1)
+        return feats.flatten(-2)
 
     def key_default(self, coords: Tensor) -> Tensor:
-        """u_h(j) for the non-prefix tokens: (H, M) (Eqs. 21-22)."""
-        num_tokens = coords.shape[0]
-        u = coords.new_zeros(self.num_heads, num_tokens)
+        """u_h(j) for the non-prefix tokens (Eqs. 21-22): (H, M) for (M, D) coords, (B, H, M) for (B, M, D)."""
+        # zeros of shape (..., H, M) built by broadcasting (no Python branch on the rank: torch.fx safe)
+        u = torch.zeros_like(coords[..., 0]).unsqueeze(-2) + coords.new_zeros(self.num_heads, 1)
         if self.key_mlp is not None:
-            u = u + self.key_mlp(self.abs_features(coords)).transpose(0, 1)
+            u = u + self.key_mlp(self.abs_features(coords)).transpose(-1, -2)
         if self.key_slope is not None:
-            u = u + self.key_slope.to(coords.dtype)[:, None] * coords[:, 0][None, :]
+            u = u + self.key_slope.to(coords.dtype)[:, None] * coords[..., 0].unsqueeze(-2)
         if self.first_key_bias is not None:
             is_first = (coords == 0).all(dim=-1).to(coords.dtype)
-            u = u + self.first_key_bias.to(coords.dtype)[:, None] * is_first[None, :]
+            u = u + self.first_key_bias.to(coords.dtype)[:, None] * is_first.unsqueeze(-2)
         return u
 
     def qk_coordinates(self, coords: Tensor) -> Tuple[Tensor, Tensor]:
         """Positional query and key coordinates of all tokens, prefix tokens first.
 
         Args:
-            coords: (M, D) coordinates of the non-prefix tokens (already validated).
+            coords: (M, D) coordinates of the non-prefix tokens shared by the batch, or (B, M, D) per
+                sample (already validated).
 
         Returns:
-            (q_pos, k_pos), each (H, P + M, d_p): ``q_pos[h, i] . k_pos[h, j]`` is the log-prior.
+            (q_pos, k_pos), each (H, P + M, d_p), or (B, H, P + M, d_p) for per-sample coords:
+            ``q_pos[..., h, i, :] . k_pos[..., h, j, :]`` is the log-prior.
         """
-        num_heads = self.num_heads
         freqs = self.frequencies(coords.dtype, coords.device)  # (D, R)
-        phase = coords.unsqueeze(-1) * freqs  # (M, D, R)
-        cos, sin = phase.cos(), phase.sin()
+        phase = coords.unsqueeze(-1) * freqs  # (..., M, D, R)
+        cos, sin = phase.cos().unsqueeze(-4), phase.sin().unsqueeze(-4)  # (..., 1, M, D, R)
         alpha = self.alpha.to(coords.dtype)[:, None]  # (H, 1, D, R)
         beta = self.beta.to(coords.dtype)[:, None]
-        q_rel = torch.stack([alpha * cos + beta * sin, alpha * sin - beta * cos], dim=-1).flatten(2)
-        k_rel = torch.stack([cos, sin], dim=-1).flatten(1).expand(num_heads, -1, -1)  # (H, M, 2DR)
-        u = self.key_default(coords)  # (H, M)
+        # (..., H, M, 2DR)
+        q_rel = torch.stack([alpha * cos + beta * sin, alpha * sin - beta * cos], dim=-1).flatten(-3)
+        k_rel = torch.stack([cos, sin], dim=-1).flatten(-3).expand_as(q_rel)
+        u = self.key_default(coords)  # (..., H, M)
         ones = torch.ones_like(u)
         zeros = torch.zeros_like(u)
         q_pos = torch.cat([q_rel, ones.unsqueeze(-1), zeros.unsqueeze(-1)], dim=-1)
         k_pos = torch.cat([k_rel, u.unsqueeze(-1), zeros.unsqueeze(-1)], dim=-1)
         if self.prefix_bias is not None:
             num_prefix = self.num_prefix_tokens
-            rel_zeros = coords.new_zeros(num_heads, num_prefix, self.positional_dim - 2)
-            pad = coords.new_zeros(num_heads, num_prefix, 1)
-            q_pre = torch.cat([rel_zeros, torch.ones_like(pad), pad], dim=-1)
-            k_pre = torch.cat([rel_zeros, self.prefix_bias.to(coords.dtype).unsqueeze(-1), pad], dim=-1)
-            q_pos = torch.cat([q_pre, q_pos], dim=1)
-            k_pos = torch.cat([k_pre, k_pos], dim=1)
+            pre_zeros = torch.zeros_like(q_pos[..., :1, :]).repeat_interleave(num_prefix, dim=-2)  # (..., H, P, d_p)
+            q_pre = torch.cat([pre_zeros[..., :-2], torch.ones_like(pre_zeros[..., :1]), pre_zeros[..., :1]], dim=-1)
+            k_pre = torch.cat([
+                pre_zeros[..., :-2],
+                pre_zeros[..., :1] + self.prefix_bias.to(coords.dtype).unsqueeze(-1),
+                pre_zeros[..., :1],
+            ], dim=-1)
+            q_pos = torch.cat([q_pre, q_pos], dim=-2)
+            k_pos = torch.cat([k_pre, k_pos], dim=-2)
         return q_pos, k_pos
 
     def prior_logits(self, coords: Tensor) -> Tensor:
-        """The structural log-prior K_rel(p_i - p_j) + u_h(j) over all tokens: (H, N, N)."""
+        """The structural log-prior K_rel(p_i - p_j) + u_h(j) over all tokens: (H, N, N) or (B, H, N, N)."""
         q_pos, k_pos = self.qk_coordinates(coords)
         return q_pos @ k_pos.transpose(-1, -2)
 
@@ -331,12 +336,13 @@ class GoatAttention(nn.Module):
         """Structural log-prior (relative + key default, no content): (H, N, N) over all N tokens.
 
         Args:
-            coords: Coordinates of the non-prefix tokens; None for the default grid / sequence.
+            coords: Coordinates of the non-prefix tokens, (M, D) or per sample (B, M, D) (then the
+                result is (B, H, N, N)); None for the default grid / sequence.
             num_tokens: Number of non-prefix tokens when ``coords`` is None (default: the grid's).
         """
         if num_tokens is None:
             if coords is not None:
-                num_tokens = coords.shape[0]
+                num_tokens = coords.shape[-2] if coords.dim() > 1 else coords.shape[0]
             elif self.grid_size is not None:
                 num_tokens = self.grid_size[0] * self.grid_size[1]
             else:
@@ -356,15 +362,16 @@ class GoatAttention(nn.Module):
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
 
-        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the
-        explicit dense path (probs: (B, H, N, N)).
+        ``coords`` is (N - P, D) shared by the batch or (B, N - P, D) per sample (see
+        ``resolve_token_coords``). Returns ``out`` (B, N, C), or ``(out, probs)`` with
+        ``return_attn=True``, both from the explicit dense path (probs: (B, H, N, N)).
         """
         B, N, C = x.shape
         check_mask_args(attn_mask, is_causal)
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
-            x.device, self.prior.alpha.dtype)
-        q_pos, k_pos = self.prior.qk_coordinates(coords)
+            x.device, self.prior.alpha.dtype, B)
+        q_pos, k_pos = self.prior.qk_coordinates(coords)  # (H, N, d_p) or (B, H, N, d_p)
         q_pos = q_pos.to(x.dtype)
         k_pos = k_pos.to(x.dtype)
 
@@ -389,8 +396,8 @@ class GoatAttention(nn.Module):
         # SDPA's scale applies 1 / sqrt(d_c) to the content part; the positional query coordinates
         # are pre-divided by it, so q'.k' * scale = content / sqrt(d_c) + prior exactly (Eqs. 23-27)
         q_pos = q_pos / self.content_scale
-        q = torch.cat([q, q_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
-        k = torch.cat([k, k_pos.unsqueeze(0).expand(B, -1, -1, -1)], dim=-1)
+        q = torch.cat([q, q_pos.expand(B, -1, -1, -1)], dim=-1)  # adds the batch dim to shared coords
+        k = torch.cat([k, k_pos.expand(B, -1, -1, -1)], dim=-1)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.content_scale,
             dropout_p=self.attn_drop.p if self.training else 0.)

@@ -94,25 +94,29 @@ class PopePhases(nn.Module):
         """Query and key phases of all tokens, prefix tokens first.
 
         Args:
-            coords: (M, D) coordinates of the non-prefix tokens.
+            coords: (M, D) coordinates of the non-prefix tokens shared by the batch, or (B, M, D) per sample.
 
         Returns:
-            (q_phase (1, N, d), k_phase (H, N, d)): t w_c and s w_c + delta_c.
+            (q_phase (1, N, d), k_phase (H, N, d)): t w_c and s w_c + delta_c; with per-sample coords
+            (B, 1, N, d) and (B, H, N, d).
         """
         # channel block a rotates with axis a; w_c = theta^(-c / per_axis) within each block
         exponents = torch.arange(self.per_axis, dtype=coords.dtype, device=coords.device) / self.per_axis
         ladder = torch.pow(self.freq_base, -exponents)  # (per_axis,)
-        pos_phase = (coords.unsqueeze(-1) * ladder).flatten(1)  # (M, D * per_axis) = (M, d)
+        pos_phase = (coords.unsqueeze(-1) * ladder).flatten(-2)  # (..., M, D * per_axis) = (..., M, d)
         if self.num_prefix_tokens:
-            pos_phase = torch.cat([pos_phase.new_zeros(self.num_prefix_tokens, self.head_dim), pos_phase], dim=0)
+            # prefix phases 0, built by broadcasting (no Python branch on the rank: torch.fx safe)
+            pre = torch.zeros_like(pos_phase[..., :1, :]).repeat_interleave(self.num_prefix_tokens, dim=-2)
+            pos_phase = torch.cat([pre, pos_phase], dim=-2)
+        pos_phase = pos_phase.unsqueeze(-3)  # (..., 1, N, d)
         delta = wrap_phase_bias(self.phase_bias_raw).to(coords.dtype)[:, None, :]  # (H, 1, d)
-        k_phase = pos_phase.unsqueeze(0) + delta
+        k_phase = pos_phase + delta  # (..., H, N, d)
         if self.num_prefix_tokens:
             k_phase = torch.cat([
-                pos_phase.new_zeros(self.num_heads, self.num_prefix_tokens, self.head_dim),
-                k_phase[:, self.num_prefix_tokens:],
-            ], dim=1)
-        return pos_phase.unsqueeze(0), k_phase
+                torch.zeros_like(k_phase[..., :self.num_prefix_tokens, :]),
+                k_phase[..., self.num_prefix_tokens:, :],
+            ], dim=-2)
+        return pos_phase, k_phase
 
 
 def phase_table(phase: Tensor, scale: float = 1.0) -> Tensor:
@@ -195,14 +199,15 @@ class PopeAttention(nn.Module):
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
 
-        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the
-        explicit dense path (probs: (B, H, N, N)).
+        ``coords`` is (N - P, D) shared by the batch or (B, N - P, D) per sample (see
+        ``resolve_token_coords``). Returns ``out`` (B, N, C), or ``(out, probs)`` with
+        ``return_attn=True``, both from the explicit dense path (probs: (B, H, N, N)).
         """
         B, N, C = x.shape
         check_mask_args(attn_mask, is_causal)
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
-            x.device, self.phases.phase_bias_raw.dtype)
+            x.device, self.phases.phase_bias_raw.dtype, B)
         q_phase, k_phase = self.phases.phases(coords)
 
         H, dh = self.num_heads, self.head_dim
