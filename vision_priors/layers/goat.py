@@ -24,6 +24,7 @@ from torch.jit import Final
 from timm.layers.attention import resolve_self_attn_mask
 
 from .coords import check_mask_args, resolve_token_coords
+from .kernel_dispatch import check_kernel_backend, key_padding_mask, use_flash_kernel
 
 # leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
 torch.fx.wrap('check_mask_args')
@@ -277,6 +278,9 @@ class GoatAttention(nn.Module):
         attn_drop: Attention-probability dropout.
         proj_drop: Output dropout.
         norm_layer: Normalisation used by ``qk_norm``.
+        fused_attn: Use the fused path (Triton kernel or one SDPA call) rather than the dense one.
+        kernel_backend: 'auto' (Triton kernel on CUDA tensors), 'triton' or 'torch' (SDPA); the
+            ``VISION_PRIORS_KERNELS`` environment variable overrides 'auto'.
         **prior_kwargs: Options of ``GoatPrior`` (freq_base, learn_freqs, prior_init, ...).
     """
     fused_attn: Final[bool]
@@ -295,6 +299,7 @@ class GoatAttention(nn.Module):
             proj_drop: float = 0.,
             norm_layer: Type[nn.Module] = nn.LayerNorm,
             fused_attn: bool = True,
+            kernel_backend: str = 'auto',
             **prior_kwargs,
     ) -> None:
         super().__init__()
@@ -317,6 +322,7 @@ class GoatAttention(nn.Module):
         self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
         self.content_scale = content_dim ** -0.5
         self.fused_attn = fused_attn
+        self.kernel_backend = check_kernel_backend(kernel_backend)
 
         self.qkv = nn.Linear(dim, num_heads * (2 * content_dim + head_dim), bias=qkv_bias)
         self.q_norm = norm_layer(content_dim) if qk_norm else nn.Identity()
@@ -352,6 +358,21 @@ class GoatAttention(nn.Module):
             self.prior.alpha.device, self.prior.alpha.dtype)
         return self.prior.prior_logits(coords)
 
+    @torch.jit.unused
+    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
+                         is_causal: bool) -> Tensor:
+        """The fused Triton kernel (``kernels.flash_prior``, GOAT mode): the prior is built in-kernel from
+        per-position cos/sin tables, so the d_p extra q/k coordinates are never materialised."""
+        from kernels.flash_prior import flash_prior_attention
+        P = self.num_prefix_tokens
+        u = self.prior.key_default(coords)  # (H, N - P) or (B, H, N - P)
+        if self.prior.prefix_bias is not None:
+            u = torch.cat([self.prior.prefix_bias.to(u.dtype).expand(*u.shape[:-1], P), u], dim=-1)
+        return flash_prior_attention(
+            q, k, v, mode='goat', coords=coords, freqs=self.prior.frequencies(coords.dtype, coords.device),
+            alpha=self.prior.alpha, beta=self.prior.beta, key_default=u, num_prefix_tokens=P,
+            causal=is_causal, key_padding_mask=key_padding_mask(attn_mask), scale=self.content_scale)
+
     def forward(
             self,
             x: Tensor,
@@ -365,21 +386,28 @@ class GoatAttention(nn.Module):
         ``coords`` is (N - P, D) shared by the batch or (B, N - P, D) per sample (see
         ``resolve_token_coords``). Returns ``out`` (B, N, C), or ``(out, probs)`` with
         ``return_attn=True``, both from the explicit dense path (probs: (B, H, N, N)).
+        The fused path runs the Triton kernel where ``kernel_backend`` / ``VISION_PRIORS_KERNELS`` select it
+        (default: on CUDA tensors; see ``kernel_dispatch``) and one SDPA call otherwise.
         """
         B, N, C = x.shape
         check_mask_args(attn_mask, is_causal)
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
             x.device, self.prior.alpha.dtype, B)
-        q_pos, k_pos = self.prior.qk_coordinates(coords)  # (H, N, d_p) or (B, H, N, d_p)
-        q_pos = q_pos.to(x.dtype)
-        k_pos = k_pos.to(x.dtype)
-
         H, dc, dh = self.num_heads, self.content_dim, self.head_dim
         q, k, v = self.qkv(x).split([H * dc, H * dc, H * dh], dim=-1)
         q = self.q_norm(q.reshape(B, N, H, dc).transpose(1, 2))
         k = self.k_norm(k.reshape(B, N, H, dc).transpose(1, 2))
         v = v.reshape(B, N, H, dh).transpose(1, 2)
+
+        if not torch.jit.is_scripting() and not return_attn and self.fused_attn and use_flash_kernel(
+                self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh):
+            out = self._flash_attention(q, k, v, coords, attn_mask, is_causal)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+        q_pos, k_pos = self.prior.qk_coordinates(coords)  # (H, N, d_p) or (B, H, N, d_p)
+        q_pos = q_pos.to(x.dtype)
+        k_pos = k_pos.to(x.dtype)
 
         if return_attn or not self.fused_attn:
             logits = (q @ k.transpose(-2, -1)) * self.content_scale + q_pos @ k_pos.transpose(-2, -1)

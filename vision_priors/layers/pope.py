@@ -24,6 +24,7 @@ from torch.jit import Final
 from timm.layers.attention import resolve_self_attn_mask
 
 from .coords import check_mask_args, resolve_token_coords
+from .kernel_dispatch import check_kernel_backend, key_padding_mask, use_flash_kernel
 
 # leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
 torch.fx.wrap('check_mask_args')
@@ -145,6 +146,9 @@ class PopeAttention(nn.Module):
         learn_bias: Learn the phase bias delta.
         qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer: As timm's ``Attention``; qk_norm acts
             on the pre-softplus q, k.
+        fused_attn: Use the fused path (Triton kernel or one SDPA call) rather than the dense one.
+        kernel_backend: 'auto' (Triton kernel on CUDA tensors), 'triton' or 'torch' (SDPA); the
+            ``VISION_PRIORS_KERNELS`` environment variable overrides 'auto'.
     """
     fused_attn: Final[bool]
 
@@ -163,6 +167,7 @@ class PopeAttention(nn.Module):
             proj_drop: float = 0.,
             norm_layer: Type[nn.Module] = nn.LayerNorm,
             fused_attn: bool = True,
+            kernel_backend: str = 'auto',
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
@@ -175,6 +180,7 @@ class PopeAttention(nn.Module):
         self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
         self.scale = head_dim ** -0.5
         self.fused_attn = fused_attn
+        self.kernel_backend = check_kernel_backend(kernel_backend)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
@@ -188,6 +194,20 @@ class PopeAttention(nn.Module):
     def set_grid_size(self, grid_size: Optional[Tuple[int, int]]) -> None:
         """Default patch grid used when ``coords`` is None (2D)."""
         self.grid_size = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+
+    @torch.jit.unused
+    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
+                         is_causal: bool) -> Tensor:
+        """The fused Triton kernel (``kernels.flash_prior``, PoPE mode): softplus magnitudes and phases are
+        applied per tile in-kernel, so the width-2d q/k features are never materialised."""
+        from kernels.flash_prior import flash_prior_attention
+        phases = self.phases
+        exponents = torch.arange(phases.per_axis, dtype=coords.dtype, device=coords.device) / phases.per_axis
+        ladder = torch.pow(phases.freq_base, -exponents).expand(phases.num_spatial_dims, -1)
+        return flash_prior_attention(
+            q, k, v, mode='pope', coords=coords, freqs=ladder, phase_bias=phases.phase_bias,
+            num_prefix_tokens=self.num_prefix_tokens, causal=is_causal,
+            key_padding_mask=key_padding_mask(attn_mask), scale=self.scale)
 
     def forward(
             self,
@@ -208,12 +228,17 @@ class PopeAttention(nn.Module):
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
             x.device, self.phases.phase_bias_raw.dtype, B)
-        q_phase, k_phase = self.phases.phases(coords)
-
         H, dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
-        q = pope_features(F.softplus(self.q_norm(q)), phase_table(q_phase, self.scale).to(q.dtype))
-        k = pope_features(F.softplus(self.k_norm(k)), phase_table(k_phase).to(k.dtype))
+        q, k = self.q_norm(q), self.k_norm(k)
+        if not torch.jit.is_scripting() and not return_attn and self.fused_attn and use_flash_kernel(
+                self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh):
+            out = self._flash_attention(q, k, v, coords, attn_mask, is_causal)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+        q_phase, k_phase = self.phases.phases(coords)
+        q = pope_features(F.softplus(q), phase_table(q_phase, self.scale).to(q.dtype))
+        k = pope_features(F.softplus(k), phase_table(k_phase).to(k.dtype))
 
         if return_attn or not self.fused_attn:
             logits = q @ k.transpose(-2, -1)

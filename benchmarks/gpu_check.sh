@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU check of the Triton kernels (issue 6), one command on a CUDA machine, < 8 minutes on an H200:
+#   1. the kernel tests on the GPU at real sizes: pytest tests/test_kernels_*.py (all but the CPU-only
+#      test_kernels_compile.py) and tests/test_kernel_dispatch.py (layers -> kernels) with
+#      VISION_PRIORS_GPU_CHECK=1 (the kernel tests enlarge their shapes when it is set);
+#   2. benchmarks/bench_kernels.py: fwd and fwd+bwd time of every kernel mode against
+#      F.scaled_dot_product_attention, one markdown table with goals and PASS / MISS.
+# Both parts always run, each under a hard time limit: pytest gets at most PYTEST_LIMIT_S (210 s), the
+# benchmark what is left of TOTAL_LIMIT_S (450 s; at least 90 s), plus <= 15 s each to stop, so the
+# whole run ends within 8 minutes. Outputs go to $OUT (default outputs/gpu_check):
+# pytest.log, bench_kernels.md, bench_kernels.json, bench_kernels.err (per-row log and tracebacks).
+#
+#   benchmarks/gpu_check.sh                  # PYTHON=... to choose the interpreter
+#   PYTEST_LIMIT_S=120 TOTAL_LIMIT_S=400 benchmarks/gpu_check.sh
+# Exit status: 0 if every part passed (a MISS against a speed goal is reported, not a failure),
+# else the first failing part's status.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+OUT=${OUT:-outputs/gpu_check}
+mkdir -p "$OUT"
+TOTAL_LIMIT_S=${TOTAL_LIMIT_S:-450}   # both parts together
+PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-210}
+export VISION_PRIORS_GPU_CHECK=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
+unset TRITON_INTERPRET
+
+echo "== gpu_check: $(date -u +%FT%TZ), $PYTHON"
+"$PYTHON" - <<'EOF'
+import torch
+print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}')
+try:
+    import triton
+    print(f'triton {triton.__version__}')
+except ImportError as exc:
+    print(f'triton not importable: {exc}')
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f'GPU {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB')
+EOF
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,utilization.gpu --format=csv,noheader
+fi
+
+status=0
+echo "== 1/2 kernel tests on the GPU (limit ${PYTEST_LIMIT_S} s)"
+shopt -s nullglob
+tests=()
+for f in tests/test_kernels_*.py tests/test_kernel_dispatch.py; do
+  # the ahead-of-time compile test needs no GPU (CI runs it); here it would only take time
+  [ -e "$f" ] && [ "$f" != tests/test_kernels_compile.py ] && tests+=("$f")
+done
+if [ ${#tests[@]} -eq 0 ]; then
+  echo "no tests/test_kernels_*.py found"
+else
+  timeout --signal=INT --kill-after=15 "$PYTEST_LIMIT_S" \
+    "$PYTHON" -m pytest "${tests[@]}" -q -ra -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 124 ] && echo "pytest: killed after ${PYTEST_LIMIT_S} s"
+  [ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+fi
+
+# the benchmark gets what is left; it starts no new row after BENCH_BUDGET_S and prints what it has
+BENCH_LIMIT_S=${BENCH_LIMIT_S:-$((TOTAL_LIMIT_S - SECONDS - 15))}
+[ "$BENCH_LIMIT_S" -lt 90 ] && BENCH_LIMIT_S=90
+BENCH_BUDGET_S=${BENCH_BUDGET_S:-$((BENCH_LIMIT_S - 45))}
+echo "== 2/2 kernel benchmark (limit ${BENCH_LIMIT_S} s, new rows until ${BENCH_BUDGET_S} s)"
+timeout --signal=INT --kill-after=15 "$BENCH_LIMIT_S" \
+  "$PYTHON" benchmarks/bench_kernels.py --budget-s "$BENCH_BUDGET_S" --json "$OUT/bench_kernels.json" \
+  2> "$OUT/bench_kernels.err" | tee "$OUT/bench_kernels.md"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 124 ] && echo "bench_kernels: killed after ${BENCH_LIMIT_S} s"
+tail -n 40 "$OUT/bench_kernels.err"
+[ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+
+echo "== gpu_check done: exit $status, outputs in $OUT"
+exit "$status"

@@ -1,0 +1,1057 @@
+"""Triton kernels of LAVO attention (Zhang et al., arXiv:2312.11135), forward and backward.
+
+Two ops, each an ``autograd.Function`` that runs Triton on CUDA tensors (or on CPU tensors in Triton's
+interpreter: ``TRITON_INTERPRET=1`` set before triton is first imported), and a naive PyTorch
+reference with the same arguments (less ``backend``):
+
+``lavo_global(q, z, basis, scale, key_mask=None, causal=True)`` -- the CODE branch (Eqs. 3-4).
+    ``H_t = (1/n_t) sum_{s<=t} m_s B z_s`` (causal; ``n_t`` = valid tokens up to t, at least 1) or
+    ``H = (1/n) sum_s m_s B z_s`` (non-causal), then with slots ``diag(H_t) B``::
+
+        out_t = softmax(scale * (q_t B^T) * H_t) (H_t * .) B,   i.e.  (p_t * H_t) @ B,
+
+    over the r slots (padded slots never enter). The sequence is cut into chunks of ``BLOCK_T``
+    tokens: a pre-pass writes each chunk's masked sum of ``B z`` (``(B, heads, L / BLOCK_T, r)``,
+    float32); their exclusive prefix sums are the only running state stored in HBM, and the main
+    kernel rebuilds ``H_t`` inside a chunk as a product with a lower-triangular ones matrix. Neither
+    ``H`` (L x r) nor any ``(L, r, d)`` state is written. Backward recomputes a chunk's forward in two
+    kernels: the first writes dq and the chunk sums of ``dL/dH_t / n_t``, whose exclusive suffix sums
+    carry the reverse cumulative sum across chunks into the second, which writes dz. Only when the
+    basis needs a gradient do they also write three (L, r) float32 intermediates, and
+    ``dB = sum_t (dL/d(q_t B^T))^T q_t + (p_t H_t)^T dO_t + (dL/d(B z_t))^T z_t`` is three batched GEMMs.
+
+``lavo_local(q, k, v, rel_bias, scale, window, causal=True, mode='sliding', key_mask=None)`` -- the
+    local branch with embedded relative positions (Secs. 3.2-3.3): query i attends to key j with
+    logit ``scale * q_i . k_j + P[j - i + w - 1]`` (``P`` = ``rel_bias`` of 2w-1 entries, or none),
+    restricted to ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` (``mode='sliding'``), or to
+    the query's own block of w tokens ``j // w == i // w`` (and ``j <= i`` if causal; ``mode='block'``,
+    the context-dissection aggregate). Invalid keys are dropped; a query with no valid key gets 0.
+    Flash-style: online softmax over key tiles inside the window band, log-sum-exp saved; backward
+    in two kernels (dk/dv over query tiles; dq and the bias gradient over key tiles).
+
+Accumulation is float32 (inputs fp16 / bf16 / fp32). ``tl.dot`` takes ``input_precision`` as a
+constexpr: on a GPU 'tf32' for 16-bit inputs (the CODE kernels multiply float32 intermediates) and for
+float32 when ``torch.backends.cuda.matmul.allow_tf32`` is set, else 'tf32x3' (float32-accurate),
+except the local kernels with float32 and d > 64, which use 'tf32' (3xTF32 operands spill there);
+always 'ieee' in the interpreter.
+
+How ``vision_priors.layers.LavoAttention`` should call these (1D sequences; with ``attn_drop`` inactive,
+i.e. p = 0 or eval mode, as the kernels apply no dropout)::
+
+    q, k, v = self._qkv(x)                                    # (B, heads, L, head_dim) views
+    bias = self.rel_bias if self.use_epe else None
+    kw = dict(scale=self.scale, window=self.window, causal=self.causal, key_mask=attn_mask)
+    f_local = lavo_local(q, k, v, bias, mode='sliding', **kw) if self.use_local else None
+    if not self.context_dissection:
+        z = v
+    elif self.dissection == 'sliding':
+        z = f_local
+    else:
+        z = lavo_local(q, k, v, bias, mode='block', **kw)
+    f_global = lavo_global(q, z, self.basis(), self.scale, key_mask=attn_mask, causal=self.causal)
+    return self._out(self._combine(f_local, f_global))
+
+The 2D-grid local window (``grid_size``), prefix tokens and cross-attention stay on the PyTorch path.
+Backend choice: ``backend='triton'|'torch'`` > env ``VISION_PRIORS_KERNELS`` > 'auto' (Triton on CUDA).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._backend import (HAS_TRITON, TORCH_TO_TRITON, dot_precision, empty, gpu_dot_precision, next_pow2,
+                       resolve_backend)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+else:  # pragma: no cover - platform without Triton: the kernels below are never defined or launched
+    triton = None
+
+__all__ = ['lavo_global', 'lavo_global_reference', 'lavo_local', 'lavo_local_reference',
+           'global_config', 'local_config', 'local_precision', 'aot_specs']
+
+_MODES = ('sliding', 'block')
+
+
+# ------------------------------------------------------------------------------------------------
+# configurations (the runtime and aot_specs use the same functions)
+
+def global_config(dtype: torch.dtype, head_dim: int, num_slots: int) -> Dict[str, int]:
+    """Tile sizes and launch options of the ``lavo_global`` kernels (chosen so ptxas reports no spills).
+
+    Args:
+        dtype: Input dtype; float32 inputs use 3xTF32 products on a GPU, whose split operands need
+            smaller tiles.
+        head_dim: d.
+        num_slots: r.
+
+    Returns:
+        ``BLOCK_T`` (chunk length), ``BLOCK_D`` (head-dim slice of the basis products), ``BLOCK_R``
+        (r padded to a power of two >= 16), ``num_warps``, ``num_stages``.
+    """
+    br = next_pow2(num_slots)
+    block_t = 16 if dtype == torch.float32 or br <= 32 else 32
+    return dict(BLOCK_T=block_t, BLOCK_D=min(next_pow2(head_dim), 32), BLOCK_R=br,
+                num_warps=8 if br >= 64 else 4, num_stages=1)
+
+
+def local_config(dtype: torch.dtype, head_dim: int, window: int) -> Dict[str, int]:
+    """Tile sizes and launch options of the ``lavo_local`` kernels (chosen so ptxas reports no spills).
+
+    Args:
+        dtype: Input dtype; float32 inputs use 3xTF32 (or TF32) products on a GPU, whose split
+            operands need smaller tiles.
+        head_dim: d.
+        window: w (sets ``BLOCK_W``, the power of two >= 2w - 1 holding the bias gradient).
+
+    Returns:
+        ``BLOCK_M`` (queries), ``BLOCK_N`` (keys), ``BLOCK_D`` (d padded to a power of two >= 16),
+        ``BLOCK_W``, ``BLOCK_DIAG`` (power of two >= BLOCK_M + BLOCK_N - 1: the diagonals of a score
+        tile), ``num_warps``, ``num_stages``.
+    """
+    bd = next_pow2(head_dim)
+    if dtype == torch.float32:  # (measured: 4 warps spill at d = 32, 8 warps at d = 128)
+        tile, warps = 16, 8 if bd <= 32 else 4
+    else:
+        tile, warps = 32, 8 if bd > 64 else 4
+    return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_D=bd, BLOCK_W=next_pow2(2 * window - 1),
+                BLOCK_DIAG=next_pow2(2 * tile - 1), num_warps=warps, num_stages=2)
+
+
+def local_precision(precision: str, head_dim: int) -> str:
+    """``tl.dot`` input precision of the local kernels given the general one (:func:`dot_precision`):
+    the same, except 3xTF32 becomes one TF32 product for d > 64, where the split (16, d) float32
+    operands would spill registers."""
+    return 'tf32' if precision == 'tf32x3' and head_dim > 64 else precision
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton kernels: CODE global branch
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _code_chunk_sums_kernel(
+            Z, BASIS, MASK, S, L, D, R, NH, NC,
+            stride_zb, stride_zh, stride_zl, stride_mb,
+            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_MASK: tl.constexpr):
+        """S[bh, c] = sum_{t in chunk c} m_t B z_t = B (sum_t m_t z_t) (float32, r entries)."""
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_dd = tl.arange(0, BLOCK_D)
+        offs_r = tl.arange(0, BLOCK_R)
+        tmask = offs_t < L
+        rmask = offs_r < R
+        z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
+        if HAS_MASK:
+            m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+        s = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            z = tl.load(z_ptrs + offs_d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.).to(tl.float32)
+            if HAS_MASK:
+                z = z * m[:, None]
+            zsum = tl.sum(z, axis=0)
+            bas = tl.load(BASIS + hh * R * D + offs_r[:, None] * D + offs_d[None, :],
+                          mask=rmask[:, None] & dmask[None, :], other=0.)
+            s += tl.sum(bas * zsum[None, :], axis=1)
+        tl.store(S + (bh.to(tl.int64) * NC + c) * R + offs_r, s, mask=rmask)
+
+    # The three kernels below share one recomputation of the chunk's forward quantities. Products with
+    # the basis run over head-dim slices of BLOCK_D, so an operand tile never holds all d columns (a
+    # (BLOCK_T, d) dot operand is replicated in every warp: at d = 128 it alone would spill).
+
+    @triton.jit
+    def _code_fwd_kernel(
+            Q, Z, BASIS, MASK, STATE, CNT0, OUT, scale, L, D, R, NH, NC,
+            stride_qb, stride_qh, stride_ql, stride_zb, stride_zh, stride_zl,
+            stride_ob, stride_oh, stride_ol, stride_mb,
+            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """One chunk of ``out_t = softmax(scale q_t B^T * H_t) (H_t * .) B`` (Eqs. 3-4).
+
+        STATE: causal, the exclusive prefix sums (bh, NC, r) of the chunk sums; non-causal, the mean H
+        (bh, r). CNT0: causal with a mask, the valid tokens before each chunk (b, NC).
+        """
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_dd = tl.arange(0, BLOCK_D)
+        offs_r = tl.arange(0, BLOCK_R)
+        tmask = offs_t < L
+        rmask = offs_r < R
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh + offs_t[:, None] * stride_ql
+        z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
+        b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
+        qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
+            q = tl.load(q_ptrs + offs_d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.)
+            qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # q_t . b_i
+            if CAUSAL:
+                z = tl.load(z_ptrs + offs_d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.)
+                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # B z_t
+        if CAUSAL:
+            if HAS_MASK:
+                m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+                proj = proj * m[:, None]
+                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
+            else:
+                cnt = (offs_t + 1).to(tl.float32)
+            cnt = tl.maximum(cnt, 1.)
+            # In-chunk prefix sums as a product with the lower-triangular ones matrix (tensor cores; a
+            # tl.cumsum over a dot-layout tile costs layout conversions and registers).
+            offs_tt = tl.arange(0, BLOCK_T)
+            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
+            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
+            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]  # Eq. 4
+        else:
+            hmean = tl.load(STATE + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
+            h = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + hmean[None, :]
+        logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
+        mx = tl.max(logits, axis=1)
+        e = tl.exp(logits - mx[:, None])
+        u = e / tl.sum(e, axis=1)[:, None] * h  # p_i H_i
+        o_ptrs = OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh + offs_t[:, None] * stride_ol
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
+            out = tl.dot(u, bas, input_precision=INPUT_PRECISION)  # sum_i p_i H_i b_i
+            tl.store(o_ptrs + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=tmask[:, None] & dmask[None, :])
+
+    @triton.jit
+    def _code_bwd_dq_kernel(
+            Q, Z, BASIS, MASK, STATE, CNT0, DO, DQ, G, DQB, U, scale, L, D, R, NH, NC,
+            stride_qb, stride_qh, stride_ql, stride_zb, stride_zh, stride_zl,
+            stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, WRITE_AUX: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+        """Backward of one chunk, first pass: dq, and G[bh, c] = sum_{t in c} dL/dH_t / n_t (causal) or
+        sum_t dL/dH_t (non-causal). With WRITE_AUX, also dL/d(q B^T) and p * H (bh, L, r) for dB.
+
+        DQ is contiguous like DO.
+        """
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_dd = tl.arange(0, BLOCK_D)
+        offs_r = tl.arange(0, BLOCK_R)
+        tmask = offs_t < L
+        rmask = offs_r < R
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh + offs_t[:, None] * stride_ql
+        z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
+        do_ptrs = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
+        dq_ptrs = DQ + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
+        b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
+        qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)  # dL/d(p * H) = dO B^T
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            td_mask = tmask[:, None] & (offs_d < D)[None, :]
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & (offs_d < D)[None, :], other=0.)
+            q = tl.load(q_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+            qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+            do = tl.load(do_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+            du += tl.dot(do.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+            if CAUSAL:
+                z = tl.load(z_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+        if CAUSAL:
+            if HAS_MASK:
+                m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+                proj = proj * m[:, None]
+                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
+            else:
+                cnt = (offs_t + 1).to(tl.float32)
+            cnt = tl.maximum(cnt, 1.)
+            offs_tt = tl.arange(0, BLOCK_T)
+            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
+            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
+            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]
+        else:
+            hmean = tl.load(STATE + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
+            h = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + hmean[None, :]
+        logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
+        mx = tl.max(logits, axis=1)
+        e = tl.exp(logits - mx[:, None])
+        p = e / tl.sum(e, axis=1)[:, None]
+        dp = du * h
+        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])  # softmax backward
+        dqb = ds * h * scale
+        dh = du * p + ds * qb * scale
+        if CAUSAL:
+            dh = dh / cnt[:, None]
+        tl.store(G + (bh.to(tl.int64) * NC + c) * R + offs_r, tl.sum(dh, axis=0), mask=rmask)
+        if WRITE_AUX:
+            aux = (bh.to(tl.int64) * L + offs_t[:, None]) * R + offs_r[None, :]
+            tr_mask = tmask[:, None] & rmask[None, :]
+            tl.store(DQB + aux, dqb, mask=tr_mask)
+            tl.store(U + aux, p * h, mask=tr_mask)
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
+            dq = tl.dot(dqb, bas, input_precision=INPUT_PRECISION)
+            tl.store(dq_ptrs + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=tmask[:, None] & dmask[None, :])
+
+    @triton.jit
+    def _code_bwd_dz_kernel(
+            Q, Z, BASIS, MASK, STATE, CNT0, DO, CARRY, DZ, DPROJ, scale, L, D, R, NH, NC,
+            stride_qb, stride_qh, stride_ql, stride_zb, stride_zh, stride_zl,
+            stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, WRITE_AUX: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+        """Backward of one chunk, second pass: dz_s = m_s (sum_{t >= s} dL/dH_t / n_t) B (causal; CARRY holds
+        the exclusive suffix sums of G over chunks) or m_s (dL/dH / n) B (non-causal; CARRY (bh, r)).
+        With WRITE_AUX, also dL/d(B z) (bh, L, r) for dB. DZ is contiguous like DO.
+        """
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        offs_t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_dd = tl.arange(0, BLOCK_D)
+        offs_r = tl.arange(0, BLOCK_R)
+        tmask = offs_t < L
+        rmask = offs_r < R
+        b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
+        if HAS_MASK:
+            m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+        if CAUSAL:
+            q_ptrs = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh + offs_t[:, None] * stride_ql
+            z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
+            do_ptrs = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
+            qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+            proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+            du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_D):
+                offs_d = k0 + offs_dd
+                td_mask = tmask[:, None] & (offs_d < D)[None, :]
+                bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & (offs_d < D)[None, :], other=0.)
+                q = tl.load(q_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+                do = tl.load(do_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                du += tl.dot(do.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+                z = tl.load(z_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+            if HAS_MASK:
+                proj = proj * m[:, None]
+                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
+            else:
+                cnt = (offs_t + 1).to(tl.float32)
+            cnt = tl.maximum(cnt, 1.)
+            offs_tt = tl.arange(0, BLOCK_T)
+            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
+            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
+            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]
+            logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
+            mx = tl.max(logits, axis=1)
+            e = tl.exp(logits - mx[:, None])
+            p = e / tl.sum(e, axis=1)[:, None]
+            dp = du * h
+            ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+            dnum = (du * p + ds * qb * scale) / cnt[:, None]
+            carry = tl.load(CARRY + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
+            dproj = tl.dot(tl.trans(tri), dnum, input_precision=INPUT_PRECISION) + carry[None, :]  # sum_{t>=s}
+        else:
+            dmean = tl.load(CARRY + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
+            dproj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + dmean[None, :]
+        if HAS_MASK:
+            dproj = dproj * m[:, None]
+        if WRITE_AUX:
+            tl.store(DPROJ + (bh.to(tl.int64) * L + offs_t[:, None]) * R + offs_r[None, :], dproj,
+                     mask=tmask[:, None] & rmask[None, :])
+        dz_ptrs = DZ + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
+            dz = tl.dot(dproj, bas, input_precision=INPUT_PRECISION)
+            tl.store(dz_ptrs + offs_d[None, :], dz.to(DZ.dtype.element_ty), mask=tmask[:, None] & dmask[None, :])
+
+    # --------------------------------------------------------------------------------------------
+    # Triton kernels: local window branch
+
+    @triton.jit
+    def _local_fwd_kernel(
+            Q, K, V, BIAS, MASK, OUT, LSE, scale, L, D, W, NH,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_ob, stride_oh, stride_ol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+        """Windowed softmax attention with bias P[j - i + w - 1] for BLOCK_M queries (Sec. 3.3)."""
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        m0 = pid_m * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_ql + offs_d[None, :],
+                    mask=(offs_m < L)[:, None] & dmask[None, :], other=0.)
+        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        m_last = tl.minimum(m0 + BLOCK_M, L) - 1
+        if BLOCK_MODE:
+            lo = (m0 // W) * W
+            hi = m_last + 1 if CAUSAL else (m_last // W) * W + W
+        else:
+            lo = m0 - (W - 1)
+            hi = m_last + 1 if CAUSAL else m_last + W
+        lo = (tl.maximum(lo, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(hi, L)
+        m_i = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            nmask = offs_n < L
+            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
+                        mask=nmask[:, None] & dmask[None, :], other=0.)
+            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
+                        mask=nmask[:, None] & dmask[None, :], other=0.)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+            rel = offs_n[None, :] - offs_m[:, None]
+            ok = nmask[None, :] & (offs_m < L)[:, None]
+            if BLOCK_MODE:
+                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
+            else:
+                ok = ok & (rel >= 1 - W)
+                if not CAUSAL:
+                    ok = ok & (rel <= W - 1)
+            if CAUSAL:
+                ok = ok & (rel <= 0)
+            if HAS_MASK:
+                kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
+                ok = ok & (kv != 0)[None, :]
+            if HAS_BIAS:
+                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            s = tl.where(ok, s, float('-inf'))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float('-inf'), 0., m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            m_i = m_new
+        has = l_i > 0.
+        out = acc / tl.where(has, l_i, 1.)[:, None]
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.)), float('inf'))
+        tl.store(OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh
+                 + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(offs_m < L)[:, None] & dmask[None, :])
+        tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse, mask=offs_m < L)
+
+    @triton.jit
+    def _local_bwd_dkdv_kernel(
+            Q, K, V, BIAS, MASK, DO, LSE, DELTA, DK, DV, scale, L, D, W, NH,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+        """dk, dv of BLOCK_N keys, looping over the query tiles whose windows hold them. DK / DV like DO."""
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        nmask = offs_n < L
+        nd_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+                    + offs_n[:, None] * stride_kl + offs_d[None, :], mask=nd_mask, other=0.)
+        v = tl.load(V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+                    + offs_n[:, None] * stride_vl + offs_d[None, :], mask=nd_mask, other=0.)
+        if HAS_MASK:
+            kvalid = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0) != 0
+        else:
+            kvalid = nmask
+        kvalid = kvalid & nmask
+        q_base = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+        do_base = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh
+        n_last = tl.minimum(n0 + BLOCK_N, L) - 1
+        if BLOCK_MODE:
+            lo = n0 if CAUSAL else (n0 // W) * W
+            hi = (n_last // W) * W + W
+        else:
+            lo = n0 if CAUSAL else n0 - (W - 1)
+            hi = n_last + W
+        lo = (tl.maximum(lo, 0) // BLOCK_M) * BLOCK_M
+        hi = tl.minimum(hi, L)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_M):
+            offs_m = start + tl.arange(0, BLOCK_M)
+            mmask = offs_m < L
+            md_mask = mmask[:, None] & dmask[None, :]
+            q = tl.load(q_base + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+            do = tl.load(do_base + offs_m[:, None] * stride_dol + offs_d[None, :], mask=md_mask, other=0.)
+            lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=mmask, other=float('inf'))
+            delta = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=mmask, other=0.)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+            rel = offs_n[None, :] - offs_m[:, None]
+            ok = kvalid[None, :] & mmask[:, None]
+            if BLOCK_MODE:
+                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
+            else:
+                ok = ok & (rel >= 1 - W)
+                if not CAUSAL:
+                    ok = ok & (rel <= W - 1)
+            if CAUSAL:
+                ok = ok & (rel <= 0)
+            if HAS_BIAS:
+                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=INPUT_PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=INPUT_PRECISION)
+        dk = dk * scale
+        out_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_n[:, None] * stride_dol
+                   + offs_d[None, :])
+        tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
+        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+    @triton.jit
+    def _local_bwd_dq_kernel(
+            Q, K, V, BIAS, MASK, DO, LSE, DELTA, DQ, DBIAS, scale, L, D, W, NH,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_W: tl.constexpr, BLOCK_DIAG: tl.constexpr,
+            CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            COMPUTE_DBIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """dq of BLOCK_M queries and their partial bias gradient sum_i dS[i, i + o - (w-1)] (bh, m-tile, o)."""
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        m0 = pid_m * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        mmask = offs_m < L
+        md_mask = mmask[:, None] & dmask[None, :]
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        do_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dol
+                  + offs_d[None, :])
+        do = tl.load(DO + do_off, mask=md_mask, other=0.)
+        lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=mmask, other=float('inf'))
+        delta = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=mmask, other=0.)
+        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        m_last = tl.minimum(m0 + BLOCK_M, L) - 1
+        if BLOCK_MODE:
+            lo = (m0 // W) * W
+            hi = m_last + 1 if CAUSAL else (m_last // W) * W + W
+        else:
+            lo = m0 - (W - 1)
+            hi = m_last + 1 if CAUSAL else m_last + W
+        lo = (tl.maximum(lo, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(hi, L)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        dbias = tl.zeros([BLOCK_W], dtype=tl.float32)
+        offs_o = tl.arange(0, BLOCK_W)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            nmask = offs_n < L
+            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
+                        mask=nmask[:, None] & dmask[None, :], other=0.)
+            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
+                        mask=nmask[:, None] & dmask[None, :], other=0.)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+            rel = offs_n[None, :] - offs_m[:, None]
+            ok = nmask[None, :] & mmask[:, None]
+            if BLOCK_MODE:
+                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
+            else:
+                ok = ok & (rel >= 1 - W)
+                if not CAUSAL:
+                    ok = ok & (rel <= W - 1)
+            if CAUSAL:
+                ok = ok & (rel <= 0)
+            if HAS_MASK:
+                kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
+                ok = ok & (kv != 0)[None, :]
+            if HAS_BIAS:
+                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
+            if COMPUTE_DBIAS:
+                # Diagonal sums of ds (fixed j - i), then shifted to table index o = j - i + w - 1. The
+                # (BLOCK_M, BLOCK_DIAG) index tile is rebuilt here: kept across iterations it costs registers.
+                rows = tl.arange(0, BLOCK_M)
+                col = rows[:, None] + tl.arange(0, BLOCK_DIAG)[None, :] - (BLOCK_M - 1)  # column of diagonal t
+                col_ok = (col >= 0) & (col < BLOCK_N)
+                col = tl.minimum(tl.maximum(col, 0), BLOCK_N - 1)
+                diag_sum = tl.sum(tl.where(col_ok, tl.gather(ds, col, 1), 0.), axis=0)
+                t_idx = offs_o - (start - m0) + (BLOCK_M - 1) - (W - 1)
+                t_ok = (t_idx >= 0) & (t_idx < BLOCK_DIAG)
+                t_idx = tl.minimum(tl.maximum(t_idx, 0), BLOCK_DIAG - 1)
+                dbias += tl.where(t_ok, tl.gather(diag_sum, t_idx, 0), 0.)
+        dq = dq * scale
+        tl.store(DQ + do_off, dq.to(DQ.dtype.element_ty), mask=md_mask)
+        if COMPUTE_DBIAS:
+            nm = tl.num_programs(0)
+            tl.store(DBIAS + (bh.to(tl.int64) * nm + pid_m) * BLOCK_W + offs_o, dbias)
+
+
+# ------------------------------------------------------------------------------------------------
+# input checks
+
+def _check_qkv(names: List[str], tensors: List[Tensor]) -> None:
+    ref_name, ref = names[0], tensors[0]
+    if ref.dim() != 4:
+        raise ValueError(f'{ref_name} must be (B, heads, L, head_dim), got shape {tuple(ref.shape)}')
+    if not ref.is_floating_point():
+        raise TypeError(f'{ref_name} must be a floating tensor, got dtype {ref.dtype}')
+    for n, t in zip(names[1:], tensors[1:]):
+        if tuple(t.shape) != tuple(ref.shape):
+            raise ValueError(f'{n} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(t.shape)}')
+        if t.dtype != ref.dtype:
+            raise TypeError(f'{n} has dtype {t.dtype} but {ref_name} has {ref.dtype}')
+        if t.device != ref.device:
+            raise ValueError(f'{n} is on {t.device} but {ref_name} is on {ref.device}')
+
+
+def _check_mask(key_mask: Optional[Tensor], batch: int, length: int, device: torch.device) -> None:
+    if key_mask is None:
+        return
+    if key_mask.dtype != torch.bool:
+        raise TypeError(f'key_mask must be a bool tensor (True = valid token), got dtype {key_mask.dtype}')
+    if tuple(key_mask.shape) != (batch, length):
+        raise ValueError(f'key_mask must have shape (B, L) = {(batch, length)}, got {tuple(key_mask.shape)}')
+    if key_mask.device != device:
+        raise ValueError(f'key_mask is on {key_mask.device} but q is on {device}')
+
+
+def _check_triton_dtype(t: Tensor, name: str) -> None:
+    if t.dtype not in TORCH_TO_TRITON:
+        raise TypeError(f"backend='triton' supports float16, bfloat16 and float32; {name} has dtype {t.dtype}")
+
+
+def _last_contig(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _mask_u8(key_mask: Tensor) -> Tensor:
+    return key_mask.contiguous().view(torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------
+# CODE global branch: reference, autograd Function, public op
+
+def lavo_global_reference(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
+                          causal: bool = True) -> Tensor:
+    """PyTorch CODE branch (Eqs. 3-4), computed as ``LavoAttention`` does, in the inputs' dtype.
+
+    Args:
+        q: Queries (B, heads, L, d).
+        z: Features to compress (values or their local aggregates), (B, heads, L, d).
+        basis: B, (heads, r, d).
+        scale: Logit scale (``head_dim ** -0.5`` in the layer).
+        key_mask: Optional (B, L) bool, True = valid; invalid tokens are left out of the mean and the
+            count (a prefix with no valid token has H = 0).
+        causal: Running mean over ``s <= t`` (Eq. 4) or one mean over the sequence (Eq. 3).
+
+    Returns:
+        (B, heads, L, d).
+    """
+    length = q.shape[2]
+    proj = z @ basis.transpose(-1, -2)  # B z_t, (B, heads, L, r)
+    m = None
+    if key_mask is not None:
+        m = key_mask[:, None, :, None].to(proj.dtype)
+        proj = proj * m
+    if causal:
+        if m is None:
+            cnt = torch.arange(1, length + 1, device=q.device, dtype=proj.dtype)[:, None]
+        else:
+            cnt = m.cumsum(dim=2).clamp(min=1)
+        h = proj.cumsum(dim=2) / cnt
+    else:
+        cnt = float(length) if m is None else m.sum(dim=2, keepdim=True).clamp(min=1)
+        h = proj.sum(dim=2, keepdim=True) / cnt
+    p = ((q @ basis.transpose(-1, -2)) * h * scale).softmax(dim=-1)
+    return (p * h) @ basis
+
+
+class _LavoGlobalFn(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor],
+                causal: bool) -> Tensor:
+        bsz, nh, length, d = q.shape
+        r = basis.shape[1]
+        cfg = global_config(q.dtype, d, r)
+        bt = cfg['BLOCK_T']
+        nc = triton.cdiv(length, bt)
+        q, z = _last_contig(q), _last_contig(z)
+        basis32 = basis.detach().to(torch.float32).contiguous()
+        dev = q.device
+        mask = _mask_u8(key_mask) if key_mask is not None else None
+        sums = empty(bsz * nh, nc, r, device=dev, dtype=torch.float32)
+        dummy = sums
+        _code_chunk_sums_kernel[(nc, bsz * nh)](
+            z, basis32, mask if mask is not None else dummy, sums, length, d, r, nh, nc,
+            z.stride(0), z.stride(1), z.stride(2), mask.stride(0) if mask is not None else 0,
+            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], HAS_MASK=mask is not None,
+            num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        if key_mask is not None:
+            mf = key_mask.to(torch.float32)
+        if causal:
+            state = torch.cat([torch.zeros_like(sums[:, :1]), sums.cumsum(dim=1)[:, :-1]], dim=1).contiguous()
+            if key_mask is not None:
+                chunk_cnt = F.pad(mf, (0, nc * bt - length)).reshape(bsz, nc, bt).sum(-1)
+                cnt0 = torch.cat([torch.zeros_like(chunk_cnt[:, :1]), chunk_cnt.cumsum(1)[:, :-1]], 1).contiguous()
+            else:
+                cnt0 = dummy
+            total_cnt = None
+        else:
+            total_cnt = (mf.sum(1).clamp(min=1) if key_mask is not None
+                         else torch.full((bsz,), float(length), device=dev))
+            state = (sums.sum(dim=1).reshape(bsz, nh, r) / total_cnt[:, None, None]).reshape(bsz * nh, r).contiguous()
+            cnt0 = dummy
+        out = empty(*q.shape, device=dev, dtype=q.dtype)
+        prec = dot_precision(q.dtype)
+        _code_fwd_kernel[(nc, bsz * nh)](
+            q, z, basis32, mask if mask is not None else dummy, state, cnt0, out, float(scale), length, d, r, nh, nc,
+            q.stride(0), q.stride(1), q.stride(2), z.stride(0), z.stride(1), z.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), mask.stride(0) if mask is not None else 0,
+            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal, HAS_MASK=mask is not None,
+            INPUT_PRECISION=prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        ctx.save_for_backward(q, z, basis32, mask, state, cnt0, total_cnt)
+        ctx.scale, ctx.causal, ctx.cfg, ctx.prec, ctx.basis_dtype = float(scale), causal, cfg, prec, basis.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor):
+        q, z, basis32, mask, state, cnt0, total_cnt = ctx.saved_tensors
+        cfg, causal, prec = ctx.cfg, ctx.causal, ctx.prec
+        bsz, nh, length, d = q.shape
+        r = basis32.shape[1]
+        bt = cfg['BLOCK_T']
+        nc = triton.cdiv(length, bt)
+        dev = q.device
+        do = dout.contiguous()
+        dummy = state
+        mask_arg = mask if mask is not None else dummy
+        smb = mask.stride(0) if mask is not None else 0
+        common = dict(BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal,
+                      HAS_MASK=mask is not None, INPUT_PRECISION=prec,
+                      num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        compute_db = bool(ctx.needs_input_grad[2])
+        gsum = empty(bsz * nh, nc, r, device=dev, dtype=torch.float32)
+        dq = empty(*do.shape, device=dev, dtype=q.dtype)
+        dz = empty(*do.shape, device=dev, dtype=z.dtype)
+        if compute_db:  # dL/d(q B^T), p * H and dL/d(B z), (B * heads, L, r) float32
+            dqb, u, dproj = (empty(bsz * nh, length, r, device=dev, dtype=torch.float32) for _ in range(3))
+        else:
+            dqb = u = dproj = dummy
+        strides = (q.stride(0), q.stride(1), q.stride(2), z.stride(0), z.stride(1), z.stride(2),
+                   do.stride(0), do.stride(1), do.stride(2), smb)
+        _code_bwd_dq_kernel[(nc, bsz * nh)](
+            q, z, basis32, mask_arg, state, cnt0, do, dq, gsum, dqb, u, ctx.scale, length, d, r, nh, nc,
+            *strides, WRITE_AUX=compute_db, **common)
+        if causal:  # exclusive suffix sums over chunks: sum_{c' > c} G[c']
+            rev = gsum.flip(1).cumsum(1).flip(1)
+            carry = torch.cat([rev[:, 1:], torch.zeros_like(rev[:, :1])], dim=1).contiguous()
+        else:
+            carry = (gsum.sum(1).reshape(bsz, nh, r) / total_cnt[:, None, None]).reshape(bsz * nh, r).contiguous()
+        _code_bwd_dz_kernel[(nc, bsz * nh)](
+            q, z, basis32, mask_arg, state, cnt0, do, carry, dz, dproj, ctx.scale, length, d, r, nh, nc,
+            *strides, WRITE_AUX=compute_db, **common)
+        dbasis = None
+        if compute_db:  # dB = sum_t dqb_t^T q_t + u_t^T dO_t + dproj_t^T z_t (cuBLAS, float32)
+            def t_(x: Tensor) -> Tensor:
+                return x.reshape(bsz, nh, length, r).transpose(0, 1).reshape(nh, bsz * length, r).transpose(1, 2)
+
+            def f_(x: Tensor) -> Tensor:
+                return x.to(torch.float32).transpose(0, 1).reshape(nh, bsz * length, d)
+
+            dbasis = (t_(dqb) @ f_(q) + t_(u) @ f_(do) + t_(dproj) @ f_(z)).to(ctx.basis_dtype)
+        return dq, dz, dbasis, None, None, None
+
+
+def lavo_global(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
+                causal: bool = True, backend: str = 'auto') -> Tensor:
+    """LAVO's CODE branch: read the r slots ``diag(H_t) B`` of the (running) mean of ``B z`` (Eqs. 3-4).
+
+    Args:
+        q: Queries (B, heads, L, d).
+        z: Features compressed into the memory, (B, heads, L, d) (values, or their local aggregates
+            under context dissection).
+        basis: Orthogonal basis B, (heads, r, d), r <= d in the layer (not required here).
+        scale: Logit scale.
+        key_mask: Optional (B, L) bool, True = valid token (left out of the mean and its count).
+        causal: Running mean ``H_t`` over ``s <= t`` (Eq. 4), else one mean over all valid tokens.
+        backend: 'auto', 'triton' or 'torch' (see the module docstring).
+
+    Returns:
+        ``softmax(scale (q_t B^T) * H_t) (H_t * .) B``, (B, heads, L, d), dtype of q. Differentiable in
+        q, z and basis.
+    """
+    _check_qkv(['q', 'z'], [q, z])
+    bsz, nh, length, d = q.shape
+    if basis.dim() != 3 or basis.shape[0] != nh or basis.shape[2] != d or basis.shape[1] < 1:
+        raise ValueError(f'basis must be (heads, r, head_dim) = ({nh}, r, {d}) with r >= 1, got {tuple(basis.shape)}')
+    if basis.device != q.device:
+        raise ValueError(f'basis is on {basis.device} but q is on {q.device}')
+    _check_mask(key_mask, bsz, length, q.device)
+    if length == 0:
+        raise ValueError('lavo_global needs L >= 1 tokens, got L = 0')
+    if resolve_backend(backend, q, z, basis, key_mask) == 'torch':
+        return lavo_global_reference(q, z, basis, scale, key_mask, causal)
+    _check_triton_dtype(q, 'q')
+    _check_triton_dtype(basis, 'basis')
+    return _LavoGlobalFn.apply(q, z, basis, float(scale), key_mask, bool(causal))
+
+
+# ------------------------------------------------------------------------------------------------
+# local window branch: reference, autograd Function, public op
+
+def lavo_local_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float, window: int,
+                         causal: bool = True, mode: str = 'sliding', key_mask: Optional[Tensor] = None) -> Tensor:
+    """PyTorch local branch with the embedded relative position bias (Secs. 3.2-3.3), dense (L x L) form.
+
+    Args:
+        q, k, v: (B, heads, L, d).
+        rel_bias: P, (2w - 1,), added as ``P[j - i + w - 1]``; None for no bias (use_epe=False).
+        scale: Logit scale on ``q . k``.
+        window: w >= 1.
+        causal: Keys ``j <= i`` only.
+        mode: 'sliding' (``-(w-1) <= j - i <= 0`` causal, ``|j - i| <= w - 1`` otherwise) or 'block'
+            (``j // w == i // w``, plus ``j <= i`` if causal).
+        key_mask: Optional (B, L) bool, True = valid key; a query without any valid key outputs 0.
+
+    Returns:
+        (B, heads, L, d), dtype of q.
+    """
+    length = q.shape[2]
+    idx = torch.arange(length, device=q.device)
+    rel = idx[None, :] - idx[:, None]  # j - i
+    if mode == 'sliding':
+        allowed = (rel >= -(window - 1)) & (rel <= (0 if causal else window - 1))
+    else:
+        allowed = (idx[None, :] // window) == (idx[:, None] // window)
+        if causal:
+            allowed = allowed & (rel <= 0)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if rel_bias is not None:
+        s = s + rel_bias[(rel + window - 1).clamp(0, 2 * window - 2)]
+    allowed = allowed[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
+    return p @ v
+
+
+class _LavoLocalFn(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], key_mask: Optional[Tensor],
+                scale: float, window: int, causal: bool, block: bool) -> Tensor:
+        bsz, nh, length, d = q.shape
+        cfg = local_config(q.dtype, d, window)
+        q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+        dev = q.device
+        mask = _mask_u8(key_mask) if key_mask is not None else None
+        bias = rel_bias.detach().to(torch.float32).contiguous() if rel_bias is not None else None
+        out = empty(*q.shape, device=dev, dtype=q.dtype)
+        lse = empty(bsz * nh, length, device=dev, dtype=torch.float32)
+        prec = local_precision(dot_precision(q.dtype), d)
+        grid = (triton.cdiv(length, cfg['BLOCK_M']), bsz * nh)
+        _local_fwd_kernel[grid](
+            q, k, v, bias if bias is not None else lse, mask if mask is not None else lse, out, lse,
+            float(scale), length, d, window, nh,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            mask.stride(0) if mask is not None else 0,
+            BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], CAUSAL=causal,
+            BLOCK_MODE=block, HAS_BIAS=bias is not None, HAS_MASK=mask is not None, INPUT_PRECISION=prec,
+            num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+        ctx.scale, ctx.window, ctx.causal, ctx.block, ctx.cfg, ctx.prec = float(scale), window, causal, block, cfg, prec
+        ctx.bias_dtype = rel_bias.dtype if rel_bias is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor):
+        q, k, v, bias, mask, out, lse = ctx.saved_tensors
+        cfg, w = ctx.cfg, ctx.window
+        bsz, nh, length, d = q.shape
+        dev = q.device
+        do = dout.contiguous()
+        delta = (do.to(torch.float32) * out.to(torch.float32)).sum(-1).reshape(bsz * nh, length).contiguous()
+        dq = empty(*do.shape, device=dev, dtype=q.dtype)
+        dk = empty(*do.shape, device=dev, dtype=k.dtype)
+        dv = empty(*do.shape, device=dev, dtype=v.dtype)
+        bias_arg = bias if bias is not None else lse
+        mask_arg = mask if mask is not None else lse
+        smb = mask.stride(0) if mask is not None else 0
+        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2), smb)
+        flags = dict(BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], CAUSAL=ctx.causal,
+                     BLOCK_MODE=ctx.block, HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
+                     INPUT_PRECISION=ctx.prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        _local_bwd_dkdv_kernel[(triton.cdiv(length, cfg['BLOCK_N']), bsz * nh)](
+            q, k, v, bias_arg, mask_arg, do, lse, delta, dk, dv, ctx.scale, length, d, w, nh, *strides, **flags)
+        n_m = triton.cdiv(length, cfg['BLOCK_M'])
+        compute_dbias = bias is not None and bool(ctx.needs_input_grad[3])
+        dbias_part = (empty(bsz * nh, n_m, cfg['BLOCK_W'], device=dev, dtype=torch.float32)
+                      if compute_dbias else lse)
+        _local_bwd_dq_kernel[(n_m, bsz * nh)](
+            q, k, v, bias_arg, mask_arg, do, lse, delta, dq, dbias_part, ctx.scale, length, d, w, nh, *strides,
+            BLOCK_W=cfg['BLOCK_W'], BLOCK_DIAG=cfg['BLOCK_DIAG'], COMPUTE_DBIAS=compute_dbias, **flags)
+        dbias = dbias_part.sum(dim=(0, 1))[:2 * w - 1].to(ctx.bias_dtype) if compute_dbias else None
+        return dq, dk, dv, dbias, None, None, None, None, None
+
+
+def lavo_local(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float, window: int,
+               causal: bool = True, mode: str = 'sliding', key_mask: Optional[Tensor] = None,
+               backend: str = 'auto') -> Tensor:
+    """LAVO's local branch: 1D windowed softmax attention with the learned relative bias (Secs. 3.2-3.3).
+
+    Args:
+        q, k, v: (B, heads, L, d), one dtype and device.
+        rel_bias: P, (2w - 1,), logit bias ``P[j - i + w - 1]`` (the causal window uses P[0 .. w-1]);
+            None for no bias.
+        scale: Logit scale on ``q . k``.
+        window: w >= 1.
+        causal: Causal window (keys ``j <= i``).
+        mode: 'sliding' (the local branch F_local) or 'block' (own non-overlapping window of w tokens:
+            the context-dissection aggregate).
+        key_mask: Optional (B, L) bool, True = valid key; queries with no valid key in the window get 0.
+        backend: 'auto', 'triton' or 'torch' (see the module docstring).
+
+    Returns:
+        (B, heads, L, d), dtype of q; differentiable in q, k, v and rel_bias.
+    """
+    _check_qkv(['q', 'k', 'v'], [q, k, v])
+    bsz, nh, length, _ = q.shape
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f'window must be an int >= 1, got {window!r}')
+    if mode not in _MODES:
+        raise ValueError(f'mode must be one of {_MODES}, got {mode!r}')
+    if rel_bias is not None:
+        if rel_bias.dim() != 1 or rel_bias.numel() != 2 * window - 1:
+            raise ValueError(f'rel_bias must have shape (2 * window - 1,) = ({2 * window - 1},), '
+                             f'got {tuple(rel_bias.shape)}')
+        if rel_bias.device != q.device:
+            raise ValueError(f'rel_bias is on {rel_bias.device} but q is on {q.device}')
+    _check_mask(key_mask, bsz, length, q.device)
+    if length == 0:
+        raise ValueError('lavo_local needs L >= 1 tokens, got L = 0')
+    if resolve_backend(backend, q, k, v, rel_bias, key_mask) == 'torch':
+        return lavo_local_reference(q, k, v, rel_bias, scale, window, causal, mode, key_mask)
+    _check_triton_dtype(q, 'q')
+    if rel_bias is not None:
+        _check_triton_dtype(rel_bias, 'rel_bias')
+    return _LavoLocalFn.apply(q, k, v, rel_bias, key_mask, float(scale), window, bool(causal), mode == 'block')
+
+
+# ------------------------------------------------------------------------------------------------
+# ahead-of-time compilation specs
+
+_AOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_AOT_HEAD_DIMS = (32, 64, 128)
+_AOT_WINDOW = 64  # the layer's default w (sets BLOCK_W of the dq kernel only)
+
+
+def aot_specs() -> List[Dict[str, Any]]:
+    """One spec per configuration the dispatcher picks on a GPU (dtype x head_dim), per kernel.
+
+    The flags (CAUSAL, BLOCK_MODE, HAS_MASK, ...) are properties of the problem, not tuning choices; the
+    specs compile the representative causal sliding-window case with bias, no mask, and r = min(64, d).
+    """
+    if not HAS_TRITON:
+        return []
+    specs: List[Dict[str, Any]] = []
+    for dtype in _AOT_DTYPES:
+        ty = TORCH_TO_TRITON[dtype]
+        prec = gpu_dot_precision(dtype, allow_tf32=False)  # the runtime's choice under torch's defaults
+        for d in _AOT_HEAD_DIMS:
+            # -------- global (CODE) kernels
+            gc = global_config(dtype, d, min(64, d))
+            tiles = dict(BLOCK_T=gc['BLOCK_T'], BLOCK_D=gc['BLOCK_D'], BLOCK_R=gc['BLOCK_R'])
+            launch = dict(num_warps=gc['num_warps'], num_stages=gc['num_stages'])
+            flags = dict(CAUSAL=True, HAS_MASK=False, INPUT_PRECISION=prec)
+            i32 = 'i32'
+            specs.append(dict(
+                name=f'lavo_code_chunk_sums_{ty}_d{d}', fn=_code_chunk_sums_kernel,
+                signature=dict(Z=f'*{ty}', BASIS='*fp32', MASK='*u8', S='*fp32', L=i32, D=i32, R=i32, NH=i32,
+                               NC=i32, stride_zb=i32, stride_zh=i32, stride_zl=i32, stride_mb=i32),
+                constexprs=dict(tiles, HAS_MASK=False), **launch))
+            code_sig = dict(Q=f'*{ty}', Z=f'*{ty}', BASIS='*fp32', MASK='*u8', STATE='*fp32', CNT0='*fp32')
+            strides6 = {n: i32 for n in ('stride_qb', 'stride_qh', 'stride_ql', 'stride_zb', 'stride_zh', 'stride_zl')}
+            specs.append(dict(
+                name=f'lavo_code_fwd_{ty}_d{d}', fn=_code_fwd_kernel,
+                signature=dict(code_sig, OUT=f'*{ty}', scale='fp32', L=i32, D=i32, R=i32, NH=i32, NC=i32, **strides6,
+                               stride_ob=i32, stride_oh=i32, stride_ol=i32, stride_mb=i32),
+                constexprs=dict(tiles, **flags), **launch))
+            bwd_sig = dict(code_sig, DO=f'*{ty}', scale='fp32', L=i32, D=i32, R=i32, NH=i32, NC=i32, **strides6,
+                           stride_dob=i32, stride_doh=i32, stride_dol=i32, stride_mb=i32)
+            specs.append(dict(
+                name=f'lavo_code_bwd_dq_{ty}_d{d}', fn=_code_bwd_dq_kernel,
+                signature=dict(bwd_sig, DQ=f'*{ty}', G='*fp32', DQB='*fp32', U='*fp32'),
+                constexprs=dict(tiles, WRITE_AUX=True, **flags), **launch))
+            specs.append(dict(
+                name=f'lavo_code_bwd_dz_{ty}_d{d}', fn=_code_bwd_dz_kernel,
+                signature=dict(bwd_sig, CARRY='*fp32', DZ=f'*{ty}', DPROJ='*fp32'),
+                constexprs=dict(tiles, WRITE_AUX=True, **flags), **launch))
+            # -------- local window kernels
+            lc = local_config(dtype, d, _AOT_WINDOW)
+            ltiles = dict(BLOCK_M=lc['BLOCK_M'], BLOCK_N=lc['BLOCK_N'], BLOCK_D=lc['BLOCK_D'])
+            lflags = dict(CAUSAL=True, BLOCK_MODE=False, HAS_BIAS=True, HAS_MASK=False,
+                          INPUT_PRECISION=local_precision(prec, d))
+            llaunch = dict(num_warps=lc['num_warps'], num_stages=lc['num_stages'])
+            qkv = dict(Q=f'*{ty}', K=f'*{ty}', V=f'*{ty}', BIAS='*fp32', MASK='*u8')
+            dims = dict(scale='fp32', L=i32, D=i32, W=i32, NH=i32)
+            strides9 = {f'stride_{t}{s}': i32 for t in 'qkv' for s in 'bhl'}
+            specs.append(dict(
+                name=f'lavo_local_fwd_{ty}_d{d}', fn=_local_fwd_kernel,
+                signature=dict(qkv, OUT=f'*{ty}', LSE='*fp32', **dims, **strides9,
+                               stride_ob=i32, stride_oh=i32, stride_ol=i32, stride_mb=i32),
+                constexprs=dict(ltiles, **lflags), **llaunch))
+            bwd_strides = dict(strides9, stride_dob=i32, stride_doh=i32, stride_dol=i32, stride_mb=i32)
+            specs.append(dict(
+                name=f'lavo_local_bwd_dkdv_{ty}_d{d}', fn=_local_bwd_dkdv_kernel,
+                signature=dict(qkv, DO=f'*{ty}', LSE='*fp32', DELTA='*fp32', DK=f'*{ty}', DV=f'*{ty}', **dims,
+                               **bwd_strides),
+                constexprs=dict(ltiles, **lflags), **llaunch))
+            specs.append(dict(
+                name=f'lavo_local_bwd_dq_{ty}_d{d}', fn=_local_bwd_dq_kernel,
+                signature=dict(qkv, DO=f'*{ty}', LSE='*fp32', DELTA='*fp32', DQ=f'*{ty}', DBIAS='*fp32', **dims,
+                               **bwd_strides),
+                constexprs=dict(ltiles, BLOCK_W=lc['BLOCK_W'], BLOCK_DIAG=lc['BLOCK_DIAG'], COMPUTE_DBIAS=True,
+                                **lflags), **llaunch))
+    return specs

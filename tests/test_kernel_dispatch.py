@@ -1,0 +1,87 @@
+"""The attention layers hand their fused path to the Triton kernels: layer outputs and every parameter
+gradient with ``kernel_backend='triton'`` match ``kernel_backend='torch'`` (one SDPA call).
+
+Runs where Triton runs (CUDA, or TRITON_INTERPRET=1 set before Triton's import: in a child process via
+tests/test_kernels_interpreter.py). Tolerance: max abs difference <= 1e-4 * max(1, max |torch path|) in
+float32 (the kernel's IEEE fp32 dots against SDPA's math). The selection rule itself (no kernel for
+dropout, general masks, 'torch', or the environment variable) is checked in every process.
+"""
+import os
+
+import pytest
+import torch
+
+from vision_priors.layers import GoatAttention, PopeAttention, grid_coords
+from vision_priors.layers.kernel_dispatch import key_padding_mask, use_flash_kernel
+
+_TRITON_RUNS = torch.cuda.is_available() or os.environ.get('TRITON_INTERPRET') == '1'
+DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+
+
+def _pair(cls, **kwargs):
+    torch.manual_seed(0)
+    fast = cls(**kwargs, kernel_backend='triton').to(DEVICE)
+    exact = cls(**kwargs, kernel_backend='torch').to(DEVICE)
+    with torch.no_grad():
+        for p in fast.parameters():
+            p.normal_(0, 0.3)
+    exact.load_state_dict(fast.state_dict())
+    return fast, exact
+
+
+def _compare(fast, exact, x, **forward_kwargs):
+    outs, grads = [], []
+    for layer in (fast, exact):
+        xi = x.clone().requires_grad_(True)
+        out = layer(xi, **forward_kwargs)
+        (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
+        outs.append(out.detach())
+        grads.append([xi.grad] + [p.grad for p in layer.parameters()])
+    scale = max(1.0, outs[1].abs().max().item())
+    assert (outs[0] - outs[1]).abs().max().item() <= 1e-4 * scale
+    for g_fast, g_exact in zip(*grads):
+        assert g_fast is not None and g_exact is not None
+        assert (g_fast - g_exact).abs().max().item() <= 1e-4 * max(1.0, g_exact.abs().max().item())
+
+
+@pytest.mark.skipif(not _TRITON_RUNS, reason='needs CUDA or TRITON_INTERPRET=1 (tests/test_kernels_interpreter.py)')
+@pytest.mark.parametrize('cls', [GoatAttention, PopeAttention])
+def test_layer_kernel_path_matches_sdpa_path(cls):
+    kwargs = dict(dim=64, num_heads=2, num_spatial_dims=2, num_prefix_tokens=1)
+    if cls is GoatAttention:
+        kwargs.update(num_modes=2, learn_freqs=True)
+    fast, exact = _pair(cls, **kwargs)
+    coords = grid_coords((3, 5))                             # 15 patches + 1 prefix token: N = 16
+    x = torch.randn(2, 16, 64, device=DEVICE)
+    _compare(fast, exact, x, coords=coords.to(DEVICE))
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., 11:] = False                                 # second sample: last 5 keys padded
+    _compare(fast, exact, x, coords=coords.to(DEVICE), attn_mask=mask)
+    per_sample = torch.stack([coords, coords.flip(0)]).to(DEVICE)
+    _compare(fast, exact, x, coords=per_sample)
+
+
+@pytest.mark.skipif(not _TRITON_RUNS, reason='needs CUDA or TRITON_INTERPRET=1 (tests/test_kernels_interpreter.py)')
+def test_causal_1d_kernel_path_matches_sdpa_path():
+    fast, exact = _pair(GoatAttention, dim=64, num_heads=2, num_spatial_dims=1, num_modes=4)
+    _compare(fast, exact, torch.randn(2, 19, 64, device=DEVICE), is_causal=True)
+
+
+def test_selection_rule(monkeypatch):
+    x = torch.zeros(2, 5, 8)
+    monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
+    assert not use_flash_kernel('auto', x, None, False, 64)            # CPU tensors: 'auto' keeps SDPA
+    assert not use_flash_kernel('torch', x, None, False, 64)
+    assert not use_flash_kernel('triton', x, None, True, 64)           # attention dropout: SDPA
+    assert not use_flash_kernel('triton', x, None, False, 256)         # head dim beyond the kernel's 128
+    float_mask = torch.zeros(2, 1, 5, 5)
+    assert not use_flash_kernel('triton', x, float_mask, False, 64)    # additive masks: SDPA
+    monkeypatch.setenv('VISION_PRIORS_KERNELS', 'torch')
+    assert not use_flash_kernel('auto', x, None, False, 64)
+    monkeypatch.setenv('VISION_PRIORS_KERNELS', 'fast')
+    with pytest.raises(ValueError, match="VISION_PRIORS_KERNELS must be 'triton', 'torch' or 'auto', got 'fast'"):
+        use_flash_kernel('auto', x, None, False, 64)
+    mask = torch.tensor([[True, True, False]]).view(1, 1, 1, 3)
+    assert key_padding_mask(mask).tolist() == [[False, False, True]]
+    with pytest.raises(ValueError, match="kernel_backend must be one of .*got 'cuda'"):
+        GoatAttention(64, 2, kernel_backend='cuda')
