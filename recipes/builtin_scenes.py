@@ -1,24 +1,33 @@
 """Built-in dataset for resolution extrapolation: spatial-relation scenes rendered at any resolution.
 
-``SpatialScenes`` generates, on the fly, scenes of three flat-coloured parts (disc, square or pentagon) on a
-smooth background. A scene is a set of float parameters on the unit square (centres, sizes,
-rotations, colours, background gradient and waves), so the same scene can be rasterised at any (H, W):
-a 64 px image shows the content of the 32 px image with four times the pixels (GOAT paper, Fig. 5
-protocol: train at a low resolution, evaluate at 1x, 1.5x, 2x without fine-tuning).
+``SpatialScenes`` generates, on the fly, scenes of flat-coloured parts (disc, square or pentagon) on a
+background. A scene is a set of float parameters on the unit square (centres, sizes, rotations, colours,
+background gradient and waves), so the same scene can be rasterised at any (H, W): a 64 px image shows
+the content of the 32 px image with four times the pixels (GOAT paper, Fig. 5 protocol: train at a low
+resolution, evaluate at 1x, 1.5x, 2x without fine-tuning).
 
-The label is a spatial relation between the parts; colours, shape kinds, rotations, absolute position,
-spacing and the background are drawn independently of it (see ``SpatialScenes`` for the twelve rules).
+Two tasks, twelve classes each; the label is a spatial relation between parts, and colours, shape kinds,
+rotations, absolute position, spacing and the background are drawn independently of it:
+
+- ``'clock'``: a white disc and a red disc about half its size on black; the class is the clock
+  direction (12, 1, ..., 11 o'clock) in which the red disc lies from the white one; position, sizes
+  and spacing are random. Colour only tells the two parts apart. Kept this plain on purpose: a tiny
+  ViT learns it in a few hundred CPU updates (the README's main command), whereas with the random
+  colours, kinds and textured backgrounds of ``'layouts'`` it stayed at chance for 300 updates.
+- ``'layouts'``: three parts of random kind and colour on a textured background in one of twelve
+  configurations (row, column, tower, nested, ...; see ``SpatialScenes``): needs far more training.
 
 Coordinates: x grows to the right, y grows DOWN (image rows), so "above" means a smaller y. An image of
 (H, W) pixels has ``S = min(H, W)`` pixels per unit: the unit square fills the shorter side and is
 centred, and the longer side shows more of the (continuous, infinite) background. Shapes keep their
 aspect ratio and every part stays in view at any (H, W).
 
-Augmentation: every class is invariant under horizontal flips (all rules are left/right symmetric), so
-timm's default ``hflip=0.5`` is safe. Vertical flips or rotations change the label (``triangle_up`` <->
+Augmentation: every ``'layouts'`` class is invariant under horizontal flips (all rules are left/right
+symmetric), so timm's default ``hflip=0.5`` is safe there; a flip maps k o'clock to (12 - k) o'clock, so
+``'clock'`` must not be flipped. Vertical flips or rotations change the label (``triangle_up`` <->
 ``triangle_down``, ``row`` <-> ``column``), and aggressive random-resized crops can cut parts out.
 
-    python -m recipes.builtin_scenes --out grid.png --resolution 32 64
+    python -m recipes.builtin_scenes --out grid.png --resolution 32 64 --task clock
 """
 import argparse
 import hashlib
@@ -30,12 +39,15 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ['CLASSES', 'Part', 'Background', 'Scene', 'SpatialScenes', 'make_scene', 'render_scene', 'scene_seed']
+__all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'make_scene', 'render_scene', 'scene_seed']
 
 CLASSES = [
     'row', 'column', 'diagonal', 'row_big_middle', 'tower', 'inverted_tower',
     'triangle_up', 'triangle_down', 'l_shape', 'nested', 'touching', 'chain',
 ]
+CLOCK_CLASSES = [f'{hour}_oclock' for hour in (12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)]
+TASKS = {'clock': CLOCK_CLASSES, 'layouts': CLASSES}
+CLOCK_SPREAD = 7.5  # degrees: a 'clock' direction is its hour's angle +- this (classes 15 degrees apart)
 SPLITS = ('train', 'val')
 DEFAULT_NUM_SAMPLES = {'train': 12000, 'val': 2400}
 KINDS = ('disc', 'square', 'pentagon')
@@ -103,8 +115,8 @@ class Scene:
     """All parameters of one scene; ``render_scene`` rasterises it at any resolution.
 
     Attributes:
-        label: Class index into ``CLASSES``.
-        class_name: ``CLASSES[label]``.
+        label: Class index into the task's classes (``TASKS[task]``).
+        class_name: ``TASKS[task][label]``.
         parts: The three parts, painted in this order (largest first, so smaller parts lie on top).
         background: The background.
     """
@@ -296,11 +308,33 @@ def _colors(u: _Uniforms, background: Sequence[Sequence[float]], count: int) -> 
     return colors
 
 
-def make_scene(label: int, u: Union[_Uniforms, int]) -> Scene:
-    """Sample one scene of class ``label`` from uniforms ``u`` (or from a generator seed)."""
+CLOCK_BIG_COLOR = (1.0, 1.0, 1.0)
+CLOCK_SMALL_COLOR = (1.0, 0.0, 0.0)
+
+
+def _clock_scene(label: int, u: _Uniforms) -> Scene:
+    """A white disc and a red disc 1.7-2.2x smaller at ``label`` o'clock from it (0 = 12 o'clock) on black."""
+    big = [0.0, 0.0, u(0.13, 0.18), 'disc']
+    small = [0.0, 0.0, big[2] / u(1.7, 2.2), 'disc']
+    angle = math.radians(30.0 * label + u(-CLOCK_SPREAD, CLOCK_SPREAD))  # clockwise from "up"
+    distance = u(big[2] + small[2] + 0.08, 0.55)
+    small[0], small[1] = distance * math.sin(angle), -distance * math.cos(angle)  # y grows downward
+    (bx, by, bs, bk), (sx, sy, ss, sk) = _place([big, small], u)
+    black = (0.0, 0.0, 0.0)
+    return Scene(label, CLOCK_CLASSES[label],
+                 (Part(bk, bx, by, bs, 0.0, CLOCK_BIG_COLOR), Part(sk, sx, sy, ss, 0.0, CLOCK_SMALL_COLOR)),
+                 Background(black, black, 0.0, ()))
+
+
+def make_scene(label: int, u: Union[_Uniforms, int], task: str = 'layouts') -> Scene:
+    """Sample one scene of class ``label`` of ``task`` from uniforms ``u`` (or from a generator seed)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(repr(t) for t in TASKS)}, got {task!r}")
     if not isinstance(u, _Uniforms):
         u = _Uniforms(int(u))
-    name = CLASSES[label]
+    if task == 'clock':
+        return _clock_scene(label, u)
+    name = TASKS[task][label]
     kinds = [u.choice(KINDS) for _ in range(3)]
     layout = _layout_for(name, kinds, u)
     c0 = (u(0.15, 0.85), u(0.15, 0.85), u(0.15, 0.85))
@@ -371,9 +405,14 @@ def _resolution(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
 
 
 class SpatialScenes(Dataset):
-    """Scenes of three parts whose class is a spatial relation; deterministic per (seed, split, index).
+    """Scenes of parts whose class is a spatial relation; deterministic per (seed, split, index).
 
-    Every scene has exactly three parts of random kind (disc / square / pentagon), rotation and colour
+    ``task='clock'``: a white disc of size 0.13-0.18 and a red disc 1.7-2.2x smaller on black, centres
+    (s_big + s_small + 0.08) to 0.55 apart, the red disc's direction from the white one k * 30 +- 7.5
+    degrees clockwise from up for class k (``CLOCK_CLASSES``: 12, 1, ..., 11 o'clock); translated
+    uniformly inside the unit square.
+
+    ``task='layouts'``: every scene has exactly three parts of random kind (disc / square / pentagon), rotation and colour
     (RGB distance >= 0.4 from both background colours, >= 0.35 from each other) on a random gradient with
     smooth waves; the configuration is translated uniformly inside the unit square (y grows downward).
 
@@ -411,14 +450,17 @@ class SpatialScenes(Dataset):
         seed: Dataset seed.
         transform: Optional callable applied to the PIL RGB image (e.g. ``timm.data.create_transform``);
             without it, items are float tensors (3, H, W) in [0, 1].
+        task: 'layouts' (three parts, twelve configurations) or 'clock' (two parts, twelve directions).
     """
-
-    classes: List[str] = list(CLASSES)
-    num_classes: int = len(CLASSES)
 
     def __init__(self, split: str = 'train', num_samples: Optional[int] = None,
                  resolution: Union[int, Tuple[int, int]] = 32, seed: int = 0,
-                 transform: Optional[Callable] = None) -> None:
+                 transform: Optional[Callable] = None, task: str = 'layouts') -> None:
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(repr(t) for t in TASKS)}, got {task!r}")
+        self.task = task
+        self.classes: List[str] = list(TASKS[task])
+        self.num_classes: int = len(self.classes)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(repr(s) for s in SPLITS)}, got {split!r}")
         if num_samples is None:
@@ -436,7 +478,7 @@ class SpatialScenes(Dataset):
 
     def __repr__(self) -> str:
         return (f'SpatialScenes(split={self.split!r}, num_samples={self.num_samples}, '
-                f'resolution={self.resolution}, seed={self.seed})')
+                f'resolution={self.resolution}, seed={self.seed}, task={self.task!r})')
 
     def label(self, index: int) -> int:
         """Class of item ``index`` (balanced: index % num_classes)."""
@@ -445,7 +487,7 @@ class SpatialScenes(Dataset):
     def scene(self, index: int) -> Scene:
         """Parameters of item ``index``: the same at every resolution."""
         index = self._check_index(index)
-        return make_scene(index % self.num_classes, scene_seed(self.seed, self.split, index))
+        return make_scene(index % self.num_classes, scene_seed(self.seed, self.split, index), self.task)
 
     @staticmethod
     def render(scene: Scene, height: int, width: Optional[int] = None) -> torch.Tensor:
@@ -479,18 +521,19 @@ class SpatialScenes(Dataset):
 # ---------------------------------------------------------------------------------------------------- CLI
 
 def save_grid(path: Path, resolutions: Sequence[int], per_class: int = 3, split: str = 'train',
-              seed: int = 0) -> Path:
+              seed: int = 0, task: str = 'layouts') -> Path:
     """Save a PNG grid: one row per class, ``per_class`` scenes each shown at every resolution."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    dataset = SpatialScenes(split, num_samples=per_class * len(CLASSES), seed=seed)
+    classes = TASKS[task]
+    dataset = SpatialScenes(split, num_samples=per_class * len(classes), seed=seed, task=task)
     cols = per_class * len(resolutions)
-    fig, axes = plt.subplots(len(CLASSES), cols, figsize=(1.1 * cols + 1.2, 1.1 * len(CLASSES)), squeeze=False)
-    for label, name in enumerate(CLASSES):
+    fig, axes = plt.subplots(len(classes), cols, figsize=(1.1 * cols + 1.2, 1.1 * len(classes)), squeeze=False)
+    for label, name in enumerate(classes):
         for k in range(per_class):
-            scene = dataset.scene(label + k * len(CLASSES))
+            scene = dataset.scene(label + k * len(classes))
             for j, res in enumerate(resolutions):
                 ax = axes[label, k * len(resolutions) + j]
                 ax.imshow(render_scene(scene, res).permute(1, 2, 0).numpy(), interpolation='nearest')
@@ -515,12 +558,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('--per-class', type=int, default=3, help='scenes per class (default: 3)')
     parser.add_argument('--split', choices=SPLITS, default='train', help='split to draw from')
     parser.add_argument('--seed', type=int, default=0, help='dataset seed')
+    parser.add_argument('--task', choices=sorted(TASKS), default='layouts', help='class set to show')
     args = parser.parse_args(argv)
     if min(args.resolution) <= 0:
         parser.error(f'--resolution: every value must be a positive int, got {args.resolution}')
     if args.per_class <= 0:
         parser.error(f'--per-class must be a positive int, got {args.per_class}')
-    print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed)}')
+    print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task)}')
 
 
 if __name__ == '__main__':

@@ -47,7 +47,7 @@ from safetensors.torch import load_file
 
 import vision_priors  # noqa: F401  (registers our models)
 
-from .builtin_scenes import SpatialScenes
+from .builtin_scenes import TASKS, SpatialScenes
 from .engine import JsonlLogger, PerSampleSeeds, evaluate_classifier, fit, latest_checkpoint, make_accelerator, write_json_atomic
 
 DEFAULT_MODELS = [
@@ -60,7 +60,7 @@ DEFAULT_MODELS = [
 ]  # on the built-in scenes all get the same BUILTIN_OVERRIDES width / depth / patch
 # the built-in experiment's small ViT: width 128 (2 heads of 64), depth 4, patch 4; LAVO models get a
 # 3 x 3 local window (its default 7 x 7 would cover almost all of the 8 x 8 training grid)
-BUILTIN_OVERRIDES = dict(embed_dim=128, depth=4, num_heads=2, patch_size=4)
+BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=4)
 BUILTIN_LAVO_OVERRIDES = dict(attn_kwargs=dict(window_2d=2))
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff', '.ppm', '.pgm', '.gif')
 
@@ -125,7 +125,8 @@ def data_kind(data: Optional[str]) -> str:
 
 def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
     num = args.train_samples if split == 'train' else args.val_samples
-    return SpatialScenes(split=split, num_samples=num, resolution=res, seed=args.data_seed, transform=None)
+    return SpatialScenes(split=split, num_samples=num, resolution=res, seed=args.data_seed, transform=None,
+                         task=args.task)
 
 
 def image_transform(args: argparse.Namespace, model: nn.Module, res: Tuple[int, int], is_training: bool):
@@ -316,7 +317,7 @@ def load_for_eval(source: str, args: argparse.Namespace) -> Tuple[str, nn.Module
         return config['model'], model, config
     if source in timm.list_models():
         kwargs = model_kwargs(
-            args, args.num_classes or (SpatialScenes.num_classes if data_kind(args.data) == 'builtin' else 1000), source)
+            args, args.num_classes or (len(TASKS[args.task]) if data_kind(args.data) == 'builtin' else 1000), source)
         return source, build_model(source, kwargs), dict(model=source, model_kwargs=kwargs)
     raise FileNotFoundError(f'{source!r} is neither a checkpoint / run folder nor a registered model name')
 
@@ -485,9 +486,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    'a brace pattern like "train-{000000..000009}.tar|N")')
     g.add_argument('--val-split', default='validation', help='webdataset validation split')
     g.add_argument('--num-classes', type=int, default=None, help='classes (needed for webdataset)')
-    g.add_argument('--train-samples', type=int, default=3200, help='built-in scenes: training samples')
+    g.add_argument('--train-samples', type=int, default=16000, help='built-in scenes: training samples')
     g.add_argument('--val-samples', type=int, default=480, help='built-in scenes: validation samples')
     g.add_argument('--data-seed', type=int, default=0, help='built-in scenes: generator seed')
+    g.add_argument('--task', choices=sorted(TASKS), default='clock',
+                   help="built-in scenes: 'clock' (clock direction of a red disc from a white one, learnable in "
+                        "a few hundred CPU updates) or 'layouts' (twelve three-part configurations, needs far "
+                        "longer training)")
     g.add_argument('--crop-pct', type=float, default=0.875, help='eval transform crop fraction (real images)')
     g.add_argument('--auto-augment', default=None, help='timm auto-augment policy, e.g. rand-m9-mstd0.5')
     g.add_argument('--workers', type=int, default=0, help='data loader workers')

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.builtin_scenes import Scene, SpatialScenes, main
+from recipes.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
 
-NUM_CLASSES = len(SpatialScenes.classes)
+NUM_CLASSES = len(CLASSES)
 
 
 # --------------------------------------------------------------------------------- independent geometry
@@ -167,10 +167,11 @@ def _mirror(scene: Scene) -> Scene:
 
 # ---------------------------------------------------------------------------------------------- tests
 
-def test_classes_and_balance():
-    assert len(SpatialScenes.classes) >= 10 and SpatialScenes.num_classes == NUM_CLASSES
-    assert set(SpatialScenes.classes) == set(RULES)
-    data = SpatialScenes('train', num_samples=10 * NUM_CLASSES + 5)
+@pytest.mark.parametrize('task', ['layouts', 'clock'])
+def test_classes_and_balance(task):
+    data = SpatialScenes('train', num_samples=10 * NUM_CLASSES + 5, task=task)
+    assert len(data.classes) >= 10 and data.num_classes == NUM_CLASSES == len(CLOCK_CLASSES)
+    assert set(data.classes) == (set(RULES) if task == 'layouts' else {f'{h}_oclock' for h in range(1, 13)})
     labels = [data.label(i) for i in range(len(data))]
     counts = np.bincount(labels, minlength=NUM_CLASSES)
     assert counts.min() >= 10 and counts.max() - counts.min() <= 1
@@ -195,9 +196,31 @@ def test_every_scene_satisfies_exactly_its_rule(split):
             assert 0 <= q.y - circumradius(q) and q.y + circumradius(q) <= 1
 
 
-def test_size_is_area_equivalent_radius_and_parts_are_visible():
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_every_clock_scene_has_its_direction(split):
+    """Red disc at k * 30 +- 7.5 degrees clockwise from up seen from the white one, 1.7-2.2x smaller, apart."""
+    data = SpatialScenes(split, num_samples=150 * NUM_CLASSES, seed=3, task='clock')
+    for index in range(len(data)):
+        scene = data.scene(index)
+        assert scene.class_name == CLOCK_CLASSES[scene.label] and len(scene.parts) == 2
+        big, small = scene.parts
+        assert big.color == (1.0, 1.0, 1.0) and small.color == (1.0, 0.0, 0.0) and big.kind == small.kind == 'disc'
+        assert 1.7 - 1e-9 <= big.size / small.size <= 2.2 + 1e-9
+        assert big.size + small.size + 0.08 - 1e-9 <= dist(big, small) <= 0.55 + 1e-9
+        clockwise_from_up = math.degrees(math.atan2(small.x - big.x, big.y - small.y)) % 360   # y grows downward
+        offset = (clockwise_from_up - 30 * scene.label + 180) % 360 - 180
+        assert abs(offset) <= 7.5 + 1e-6, (index, offset)
+        hour = round(clockwise_from_up / 30) % 12 or 12
+        assert scene.class_name == f'{hour}_oclock'
+        for q in scene.parts:
+            assert 0 <= q.x - circumradius(q) and q.x + circumradius(q) <= 1
+            assert 0 <= q.y - circumradius(q) and q.y + circumradius(q) <= 1
+
+
+@pytest.mark.parametrize('task', ['layouts', 'clock'])
+def test_size_is_area_equivalent_radius_and_parts_are_visible(task):
     """Rendered alone, a part covers pi size^2; in its scene every part keeps >= half its area visible."""
-    data = SpatialScenes('val', num_samples=3 * NUM_CLASSES)
+    data = SpatialScenes('val', num_samples=3 * NUM_CLASSES, task=task)
     black = dict(color0=(0.0, 0.0, 0.0), color1=(0.0, 0.0, 0.0), waves=())
     for index in range(len(data)):
         scene = data.scene(index)
@@ -230,8 +253,9 @@ def test_determinism_seeds_and_splits():
     assert a[i][1] == val[i][1] == other_seed[i][1]      # labels depend on the index only
 
 
-def test_same_scene_at_every_resolution():
-    data = SpatialScenes('val', num_samples=NUM_CLASSES)
+@pytest.mark.parametrize('task', ['layouts', 'clock'])
+def test_same_scene_at_every_resolution(task):
+    data = SpatialScenes('val', num_samples=NUM_CLASSES, task=task)
     for index in range(len(data)):
         scene = data.scene(index)
         low = data.render(scene, 32)
@@ -244,14 +268,16 @@ def test_same_scene_at_every_resolution():
         # Non-square: the unit square is centred on the shorter side, the extra columns show more background.
         assert torch.allclose(wide_low[:, :, 8:40], low, atol=1e-6)
         assert torch.allclose(data.render(scene, 48, 32)[:, 8:40, :], low, atol=1e-6)
-    assert SpatialScenes('val', num_samples=3, resolution=(24, 40))[1][0].shape == (3, 24, 40)
-    assert torch.equal(SpatialScenes('val', num_samples=3, resolution=64)[2][0], data.render(data.scene(2), 64))
+    assert SpatialScenes('val', num_samples=3, resolution=(24, 40), task=task)[1][0].shape == (3, 24, 40)
+    assert torch.equal(SpatialScenes('val', num_samples=3, resolution=64, task=task)[2][0],
+                       data.render(data.scene(2), 64))
 
 
-def test_mean_colour_does_not_predict_the_class():
+@pytest.mark.parametrize('task', ['layouts', 'clock'])
+def test_mean_colour_does_not_predict_the_class(task):
     """Nearest-class-mean on the mean RGB of each image: fit on train, score on val; chance is 1/12."""
     def features(split):
-        data = SpatialScenes(split, num_samples=40 * NUM_CLASSES, resolution=16)
+        data = SpatialScenes(split, num_samples=40 * NUM_CLASSES, resolution=16, task=task)
         x = torch.stack([data[i][0].mean((1, 2)) for i in range(len(data))])
         return x, torch.tensor([data.label(i) for i in range(len(data))])
 
@@ -299,6 +325,7 @@ def test_transform_receives_the_pil_image_and_its_output_is_returned():
     (dict(resolution='32'), "resolution must be an int or a \\(height, width\\) pair of ints, got '32'"),
     (dict(num_samples=0), 'num_samples must be a positive int, got 0'),
     (dict(num_samples=2.5), 'num_samples must be a positive int, got 2.5'),
+    (dict(task='clocks'), "task must be one of 'clock', 'layouts', got 'clocks'"),
 ])
 def test_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -317,5 +344,5 @@ def test_cli_help_and_grid(tmp_path, capsys):
         main(['--help'])
     assert exit_info.value.code == 0 and '--resolution' in capsys.readouterr().out
     out = tmp_path / 'grid.png'
-    main(['--out', str(out), '--resolution', '16', '24', '--per-class', '1'])
+    main(['--out', str(out), '--resolution', '16', '24', '--per-class', '1', '--task', 'clock'])
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
