@@ -59,10 +59,11 @@ from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_lavo import SdpaAttention  # noqa: E402  (causal SDPA with LavoAttention's projections)
 
 SECTIONS = ('goat', 'pope', 'plain', 'lavo', 'lavo_kernel')
 PASSES = ('fwd', 'fwd+bwd')
@@ -348,22 +349,6 @@ def build_lavo_kernel(shape: Shape, device: torch.device, dtype: torch.dtype) ->
     return kernel, [q, k, v, bias], lambda: _sdpa(q, k, v, True), [q, k, v]
 
 
-class SdpaLayer(nn.Module):
-    """Causal softmax attention with the same projections as ``LavoAttention``."""
-
-    def __init__(self, dim: int, num_heads: int) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
-
-
 def build_lavo(shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
     """The causal LAVO layer and the same projections around causal SDPA."""
     if not shape.causal:
@@ -373,7 +358,7 @@ def build_lavo(shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
     torch.manual_seed(0)
     lavo = LavoAttention(dim, shape.H, num_slots=min(64, shape.d), window=min(64, shape.N), causal=True)
     lavo = lavo.to(device=device, dtype=dtype)
-    sdpa = SdpaLayer(dim, shape.H).to(device=device, dtype=dtype)
+    sdpa = SdpaAttention(dim, shape.H).to(device=device, dtype=dtype)
     x = torch.randn(shape.B, shape.N, dim, device=device, dtype=dtype, requires_grad=True)
     return (lambda: lavo(x), [x, *lavo.parameters()], lambda: sdpa(x), [x, *sdpa.parameters()])
 

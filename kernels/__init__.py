@@ -10,3 +10,6 @@ except ImportError:  # pragma: no cover - platform without Triton
 # --- lavo, chamfer (issue 6, kernels 2-3: LAVO CODE / local window, Chamfer distance; ops + references) ---
 from .chamfer import chamfer_distance, chamfer_nn, chamfer_nn_reference  # noqa: E402,F401
 from .lavo import lavo_global, lavo_global_reference, lavo_local, lavo_local_reference  # noqa: E402,F401
+
+__all__ = ['chamfer_distance', 'chamfer_nn', 'chamfer_nn_reference', 'flash_prior_attention',
+           'flash_prior_attention_ref', 'lavo_global', 'lavo_global_reference', 'lavo_local', 'lavo_local_reference']

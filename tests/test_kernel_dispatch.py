@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from vision_priors.layers import GoatAttention, PopeAttention, grid_coords
+from vision_priors.layers import GoatAttention, LavoAttention, PopeAttention, grid_coords
 from vision_priors.layers.kernel_dispatch import key_padding_mask, use_flash_kernel
 
 _TRITON_RUNS = torch.cuda.is_available() or os.environ.get('TRITON_INTERPRET') == '1'
@@ -65,6 +65,18 @@ def test_layer_kernel_path_matches_sdpa_path(cls):
 def test_causal_1d_kernel_path_matches_sdpa_path():
     fast, exact = _pair(GoatAttention, dim=64, num_heads=2, num_spatial_dims=1, num_modes=4)
     _compare(fast, exact, torch.randn(2, 19, 64, device=DEVICE), is_causal=True)
+
+
+@pytest.mark.skipif(not _TRITON_RUNS, reason='needs CUDA or TRITON_INTERPRET=1 (tests/test_kernels_interpreter.py)')
+@pytest.mark.parametrize('causal, dissection', [(True, 'block'), (False, 'sliding')])
+def test_lavo_kernel_path_matches_torch_path(causal, dissection):
+    fast, exact = _pair(LavoAttention, dim=64, num_heads=2, num_slots=16, window=5, causal=causal,
+                        num_spatial_dims=1, dissection=dissection)
+    x = torch.randn(2, 37, 64, device=DEVICE)
+    _compare(fast, exact, x)
+    valid = torch.ones(2, 37, dtype=torch.bool, device=DEVICE)
+    valid[1, 30:] = False
+    _compare(fast, exact, x, attn_mask=valid)
 
 
 def test_selection_rule(monkeypatch):

@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.parametrizations import orthogonal
 
+from .kernel_dispatch import check_kernel_backend, use_flash_kernel
+
 __all__ = ['LavoAttention', 'LavoCrossAttention', 'LavoState', 'OrthogonalBasis', 'code_read']
 
 _BASIS_MODES = ('fixed', 'orthogonal', 'penalty')
@@ -239,6 +241,8 @@ class LavoAttention(nn.Module):
         qk_scale: Logit scale, default ``head_dim ** -0.5``.
         attn_drop: Dropout on attention / slot weights.
         proj_drop: Dropout after the output projection.
+        kernel_backend: 'auto' (Triton kernels ``kernels.lavo`` on CUDA tensors for 1D sequences), 'triton'
+            or 'torch'; ``VISION_PRIORS_KERNELS`` overrides 'auto' (see ``kernel_dispatch``).
     """
 
     def __init__(
@@ -259,10 +263,12 @@ class LavoAttention(nn.Module):
             qk_scale: Optional[float] = None,
             attn_drop: float = 0.,
             proj_drop: float = 0.,
+            kernel_backend: str = 'auto',
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        self.kernel_backend = check_kernel_backend(kernel_backend)
         if window < 1:
             raise ValueError(f'window must be >= 1, got {window}')
         if dissection not in _DISSECTION_MODES:
@@ -458,6 +464,22 @@ class LavoAttention(nn.Module):
             z = f_block
         return f_local, z
 
+    @torch.jit.unused
+    def _kernel_branches(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> Tensor:
+        """Both branches through the Triton kernels (``kernels.lavo``; 1D sequences): the chunked CODE
+        running mean with the slot softmax, and the windowed attention with the relative bias."""
+        from kernels.lavo import lavo_global, lavo_local
+        kw = dict(scale=self.scale, window=self.window, causal=self.causal, key_mask=valid, backend='triton')
+        f_local = lavo_local(q, k, v, self.rel_bias, mode='sliding', **kw) if self.use_local else None
+        if not self.context_dissection:
+            z = v
+        elif self.dissection == 'sliding':
+            z = f_local
+        else:
+            z = lavo_local(q, k, v, self.rel_bias, mode='block', **kw)
+        f_global = lavo_global(q, z, self.basis(), self.scale, key_mask=valid, causal=self.causal, backend='triton')
+        return self._combine(f_local, f_global)
+
     def _combine(self, f_local: Optional[Tensor], f_global: Tensor) -> Tensor:
         return f_global if f_local is None else 0.5 * (f_local + f_global)
 
@@ -490,6 +512,9 @@ class LavoAttention(nn.Module):
         valid = _check_key_mask(attn_mask, b, length, 'attn_mask')
         grid = self._check_grid(grid_size, num_prefix_tokens, length)
         q, k, v = self._qkv(x)
+        if not torch.jit.is_scripting() and grid is None and use_flash_kernel(
+                self.kernel_backend, x, None, self.training and self.attn_drop.p > 0, self.head_dim):
+            return self._out(self._kernel_branches(q, k, v, valid))
         f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
         basis = self.basis()
         proj = z @ basis.transpose(-1, -2)  # B z_t, (B, H, L, r)
