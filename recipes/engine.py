@@ -122,6 +122,12 @@ def make_accelerator(
     return accelerator
 
 
+def close_distributed() -> None:
+    """Destroy the process group (if any) at the end of a launched run, so its threads join before exit."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def latest_checkpoint(out_dir: Path) -> Optional[Path]:
     """The checkpoint named by ``latest.json`` in ``out_dir``, or None when there is none."""
     pointer = Path(out_dir) / LATEST

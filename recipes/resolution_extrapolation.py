@@ -48,7 +48,7 @@ from safetensors.torch import load_file
 import vision_priors  # noqa: F401  (registers our models)
 
 from .builtin_scenes import TASKS, SpatialScenes
-from .engine import JsonlLogger, PerSampleSeeds, evaluate_classifier, fit, latest_checkpoint, make_accelerator, write_json_atomic
+from .engine import JsonlLogger, close_distributed, PerSampleSeeds, evaluate_classifier, fit, latest_checkpoint, make_accelerator, write_json_atomic
 
 DEFAULT_MODELS = [
     'vit_tiny_patch16_224',            # learned absolute embedding (timm), resampled bicubically
@@ -580,3 +580,4 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 if __name__ == '__main__':
     main()
+    close_distributed()

@@ -105,7 +105,7 @@ from timm.scheduler import create_scheduler_v2
 from vision_priors.layers import grid_coords
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
 
-from .engine import JsonlLogger, PerSampleSeeds, fit, latest_checkpoint, make_accelerator, write_json_atomic
+from .engine import JsonlLogger, close_distributed, PerSampleSeeds, fit, latest_checkpoint, make_accelerator, write_json_atomic
 
 IMAGE_SIZE = 32
 SCENE_SIZE = 2 * IMAGE_SIZE
@@ -1046,3 +1046,4 @@ def run_command(args: argparse.Namespace) -> Dict[str, Any]:
 
 if __name__ == '__main__':
     main()
+    close_distributed()

@@ -129,6 +129,7 @@ torch.distributed.all_gather(gathered, flat)
 assert state.num_processes == 2, state.num_processes
 assert torch.equal(gathered[0], gathered[1])
 print('IN_SYNC', state.process_index, flush=True)
+state.destroy_process_group()  # join gloo's threads before exit (else an exit-time abort is possible)
 ''')
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1')
     # torchrun-style launcher (accelerate's --cpu launcher wants mpirun); the recipe's --cpu selects gloo
