@@ -392,6 +392,40 @@ if HAS_TRITON:
     # Triton kernels: local window branch
 
     @triton.jit
+    def _query_tile_key_range(m0, L, W, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                              BLOCK_MODE: tl.constexpr):
+        """[lo, hi) of the keys any query of the tile starting at m0 may see (lo aligned to BLOCK_N)."""
+        m_last = tl.minimum(m0 + BLOCK_M, L) - 1
+        if BLOCK_MODE:
+            lo = (m0 // W) * W
+            hi = m_last + 1 if CAUSAL else (m_last // W) * W + W
+        else:
+            lo = m0 - (W - 1)
+            hi = m_last + 1 if CAUSAL else m_last + W
+        lo = (tl.maximum(lo, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(hi, L)
+        return lo, hi
+
+    @triton.jit
+    def _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """Scaled scores of a (query, key) tile plus the bias P[j - i + w - 1], and ``ok`` (the valid pairs
+        given) narrowed to the window (sliding |j - i| <= w - 1, or the same block) and, if causal, j <= i."""
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+        rel = offs_n[None, :] - offs_m[:, None]
+        if BLOCK_MODE:
+            ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
+        else:
+            ok = ok & (rel >= 1 - W)
+            if not CAUSAL:
+                ok = ok & (rel <= W - 1)
+        if CAUSAL:
+            ok = ok & (rel <= 0)
+        if HAS_BIAS:
+            s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+        return s, ok
+
+    @triton.jit
     def _local_fwd_kernel(
             Q, K, V, BIAS, MASK, OUT, LSE, scale, L, D, W, NH,
             stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
@@ -413,15 +447,7 @@ if HAS_TRITON:
                     mask=(offs_m < L)[:, None] & dmask[None, :], other=0.)
         k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
-        m_last = tl.minimum(m0 + BLOCK_M, L) - 1
-        if BLOCK_MODE:
-            lo = (m0 // W) * W
-            hi = m_last + 1 if CAUSAL else (m_last // W) * W + W
-        else:
-            lo = m0 - (W - 1)
-            hi = m_last + 1 if CAUSAL else m_last + W
-        lo = (tl.maximum(lo, 0) // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(hi, L)
+        lo, hi = _query_tile_key_range(m0, L, W, BLOCK_M, BLOCK_N, CAUSAL, BLOCK_MODE)
         m_i = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -432,22 +458,12 @@ if HAS_TRITON:
                         mask=nmask[:, None] & dmask[None, :], other=0.)
             v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
                         mask=nmask[:, None] & dmask[None, :], other=0.)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
-            rel = offs_n[None, :] - offs_m[:, None]
             ok = nmask[None, :] & (offs_m < L)[:, None]
-            if BLOCK_MODE:
-                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
-            else:
-                ok = ok & (rel >= 1 - W)
-                if not CAUSAL:
-                    ok = ok & (rel <= W - 1)
-            if CAUSAL:
-                ok = ok & (rel <= 0)
             if HAS_MASK:
                 kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
                 ok = ok & (kv != 0)[None, :]
-            if HAS_BIAS:
-                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
+                                   INPUT_PRECISION)
             s = tl.where(ok, s, float('-inf'))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float('-inf'), 0., m_new)
@@ -513,19 +529,9 @@ if HAS_TRITON:
             do = tl.load(do_base + offs_m[:, None] * stride_dol + offs_d[None, :], mask=md_mask, other=0.)
             lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=mmask, other=float('inf'))
             delta = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=mmask, other=0.)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
-            rel = offs_n[None, :] - offs_m[:, None]
             ok = kvalid[None, :] & mmask[:, None]
-            if BLOCK_MODE:
-                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
-            else:
-                ok = ok & (rel >= 1 - W)
-                if not CAUSAL:
-                    ok = ok & (rel <= W - 1)
-            if CAUSAL:
-                ok = ok & (rel <= 0)
-            if HAS_BIAS:
-                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
+                                   INPUT_PRECISION)
             p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=INPUT_PRECISION)
             dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
@@ -566,15 +572,7 @@ if HAS_TRITON:
         delta = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=mmask, other=0.)
         k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
-        m_last = tl.minimum(m0 + BLOCK_M, L) - 1
-        if BLOCK_MODE:
-            lo = (m0 // W) * W
-            hi = m_last + 1 if CAUSAL else (m_last // W) * W + W
-        else:
-            lo = m0 - (W - 1)
-            hi = m_last + 1 if CAUSAL else m_last + W
-        lo = (tl.maximum(lo, 0) // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(hi, L)
+        lo, hi = _query_tile_key_range(m0, L, W, BLOCK_M, BLOCK_N, CAUSAL, BLOCK_MODE)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dbias = tl.zeros([BLOCK_W], dtype=tl.float32)
         offs_o = tl.arange(0, BLOCK_W)
@@ -585,22 +583,12 @@ if HAS_TRITON:
                         mask=nmask[:, None] & dmask[None, :], other=0.)
             v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
                         mask=nmask[:, None] & dmask[None, :], other=0.)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
-            rel = offs_n[None, :] - offs_m[:, None]
             ok = nmask[None, :] & mmask[:, None]
-            if BLOCK_MODE:
-                ok = ok & ((offs_n[None, :] // W) == (offs_m[:, None] // W))
-            else:
-                ok = ok & (rel >= 1 - W)
-                if not CAUSAL:
-                    ok = ok & (rel <= W - 1)
-            if CAUSAL:
-                ok = ok & (rel <= 0)
             if HAS_MASK:
                 kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
                 ok = ok & (kv != 0)[None, :]
-            if HAS_BIAS:
-                s += tl.load(BIAS + rel + (W - 1), mask=ok, other=0.)
+            s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
+                                   INPUT_PRECISION)
             p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
             dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
             ds = p * (dp - delta[:, None])
