@@ -4,7 +4,8 @@ Reference (PoPE paper, Eqs. 3-6): q~_tc = softplus(q_tc) e^{i t w_c}, k~_sc = so
 e^{i (s w_c + delta_c)}, a_ts = Re sum_c q~_tc conj(k~_sc) / sqrt(d), computed with complex128
 tensors. In 2D the first d/2 channels use x, the rest y; prefix tokens have phase 0 and no delta.
 
-Tolerances: float64 forward 1e-10, gradients 1e-9; float32 fused vs dense 2e-5.
+Tolerances: float64 forward 1e-10, gradients 1e-9; float32 fused vs dense 2e-5; float32 CPU inference
+path vs SDPA path 2e-6.
 """
 import math
 
@@ -157,3 +158,90 @@ def test_clear_errors():
     layer = PopeAttention(32, 2, num_spatial_dims=2, num_prefix_tokens=1)
     with pytest.raises(ValueError, match=r'coords has shape \(4,\), expected \(4, 2\)'):
         layer(torch.randn(1, 5, 32), coords=torch.zeros(4))
+
+
+# ---- CPU inference path (autograd off, no mask): per-sample features, head groups of cache-sized logits ----
+
+INFERENCE_CASES = {
+    '1d_bidirectional': (dict(dim=32, num_heads=2, num_spatial_dims=1), 13, 'shared'),
+    '2d_class_token': (dict(dim=32, num_heads=2, num_spatial_dims=2, num_prefix_tokens=1), 16, 'shared'),
+    '2d_arbitrary_coords': (dict(dim=40, num_heads=2, num_spatial_dims=2, num_prefix_tokens=2, qkv_bias=True), 11,
+                            'shared'),
+    '2d_per_sample_coords': (dict(dim=40, num_heads=2, num_spatial_dims=2, num_prefix_tokens=1), 10, 'per_sample'),
+    # 301 tokens in float64: 2 MiB of logits holds 2 heads, so 3 heads run as a group of 2 and a group of 1
+    '1d_head_groups_with_remainder': (dict(dim=24, num_heads=3, num_spatial_dims=1, num_prefix_tokens=1), 301,
+                                      'shared'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(INFERENCE_CASES))
+def test_cpu_inference_path_matches_float64_reference(case, monkeypatch):
+    import vision_priors.layers.pope as pope_module
+    kwargs, num_tokens, coords_kind = INFERENCE_CASES[case]
+    torch.manual_seed(8)
+    layer = PopeAttention(**kwargs).double().eval()
+    _randomize(layer, 8)
+    batch, num = 3, num_tokens - layer.num_prefix_tokens
+    gen = torch.Generator().manual_seed(9)
+    if coords_kind == 'shared':
+        coords = torch.randn(num, layer.num_spatial_dims, generator=gen, dtype=torch.float64) * 4
+    else:
+        coords = torch.randn(batch, num, layer.num_spatial_dims, generator=gen, dtype=torch.float64) * 4
+    x = torch.randn(batch, num_tokens, kwargs['dim'], dtype=torch.float64, generator=gen) * 2
+    calls = []
+    real = pope_module.pope_cpu_inference_attention
+    monkeypatch.setattr(pope_module, 'pope_cpu_inference_attention', lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        out = layer(x, coords=coords)
+    assert calls, 'the CPU inference path was not taken'
+    if coords_kind == 'shared':
+        ref = pope_reference(layer, x, coords, False)
+    else:
+        ref = torch.cat([pope_reference(layer, x[b:b + 1], coords[b], False) for b in range(batch)])
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+def test_cpu_inference_path_matches_sdpa_path_float32():
+    """A ViT-S-like layer (6 heads of 64, class token, 14 x 14 grid) in float32: inference path vs SDPA path."""
+    torch.manual_seed(10)
+    layer = PopeAttention(384, 6, num_prefix_tokens=1, grid_size=(14, 14), qkv_bias=True).eval()
+    _randomize(layer, 10)
+    x = torch.randn(2, 197, 384)
+    with torch.inference_mode():
+        fast = layer(x)
+    sdpa = layer(x)  # autograd on: the SDPA path
+    torch.testing.assert_close(fast, sdpa.detach(), rtol=0, atol=2e-6)
+
+
+def test_cpu_inference_path_only_where_it_applies():
+    from vision_priors.layers.pope import use_cpu_inference_attention
+    x = torch.zeros(1, 4, 8)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    with torch.no_grad():
+        assert use_cpu_inference_attention(x, None, False, False)
+        assert not use_cpu_inference_attention(x, mask, False, False)
+        assert not use_cpu_inference_attention(x, None, True, False)
+        assert not use_cpu_inference_attention(x, None, False, True)
+    assert not use_cpu_inference_attention(x, None, False, False)  # autograd on
+    # masked / causal calls under no_grad still give the reference result (through SDPA)
+    torch.manual_seed(11)
+    layer = PopeAttention(24, 3, num_spatial_dims=1).double().eval()
+    _randomize(layer, 11)
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    coords = sequence_coords(9).double()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, coords=coords, is_causal=True), pope_reference(layer, x, coords, True),
+                                   rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_softplus_into_matches_softplus(dtype):
+    """Against float64 softplus (no threshold): within 2 ulp relative and 1 ulp of 1 absolute."""
+    from vision_priors.layers.pope import softplus_into
+    x = torch.cat([torch.linspace(-120, 120, 4001, dtype=dtype), torch.randn(4000, dtype=dtype) * 3])
+    out, scratch = torch.empty_like(x), torch.empty_like(x)
+    result = softplus_into(x, out, scratch)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.isfinite(result).all()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(result, F.softplus(x.double(), threshold=1e9).to(dtype), rtol=2 * eps, atol=eps)
