@@ -14,7 +14,9 @@ block then page-faults fresh memory in; how often depends on every model's alloc
 its arithmetic, and swings the ratios by 10 % and more between runs. By default (``--malloc
 pinned``) the script therefore re-runs itself with glibc's mmap and trim thresholds fixed high
 (``GLIBC_TUNABLES``), the same for every model, so that the table compares compute; ``--malloc
-default`` measures the untouched allocator. Minor page faults per pass are printed either way.
+default`` measures the untouched allocator. Minor page faults per pass are printed either way, and so
+is each model's FLOP ceiling: baseline FLOPs / model FLOPs (matmuls, convolutions and attention, as
+counted by torch's FLOP counter), the ratio a purely compute-bound run would reach.
 
     ./run.sh bench vit_throughput                 # 224 and 384, batch 8
     ./run.sh bench vit_throughput --malloc default
@@ -33,6 +35,7 @@ from typing import Dict, List, Tuple
 
 import torch
 import timm
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import vision_priors  # noqa: F401  (registers our models)
 
@@ -71,6 +74,19 @@ def time_models(models: Dict[str, torch.nn.Module], x: torch.Tensor, warmup: int
                 times[name].append(time.perf_counter() - start)
                 faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
     return times, faults
+
+
+def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    """FLOPs of CPU SDPA's fused kernel (torch's FLOP counter has no formula for the CPU variant)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def count_flops(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Matmul / convolution / attention FLOPs of one forward pass (elementwise work is not counted)."""
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(x)
+    return counter.get_total_flops()
 
 
 def pin_malloc_or_reexec() -> str:
@@ -118,25 +134,29 @@ def main() -> None:
         x = torch.randn(args.batch_size, 3, size, size)
         models = {name: timm.create_model(name, img_size=size, num_classes=1000).eval() for name in MODELS}
         per_model, faults = time_models(models, x, args.warmup, args.repeats)
+        flops = {name: count_flops(model, x) for name, model in models.items()}
         for name in MODELS:
             seconds = statistics.median(per_model[name])
             ratio, ratio_q1, ratio_q3 = paired_ratios(per_model[BASELINE], per_model[name])
             rows.append(dict(model=name, size=size, batch=args.batch_size, seconds=seconds,
                              images_per_s=args.batch_size / seconds, ratio_vs_vit=ratio,
                              ratio_iqr=[ratio_q1, ratio_q3], seconds_per_round=per_model[name],
-                             page_faults_per_pass=statistics.median(faults[name])))
+                             page_faults_per_pass=statistics.median(faults[name]), gflops=flops[name] / 1e9,
+                             flop_ceiling=flops[BASELINE] / flops[name]))
 
     print(f'\nForward throughput, CPU ({platform.processor() or platform.machine()}, '
           f'{torch.get_num_threads()} threads), batch {args.batch_size}, {args.repeats} rounds, '
           f'torch {torch.__version__}, timm {timm.__version__}, malloc: {allocator}\n')
-    print(f'| model | res | images/s | vs {BASELINE} (median [IQR] of per-round ratios) | page faults / pass | goal |')
-    print('|---|---|---|---|---|---|')
+    print(f'| model | res | images/s | vs {BASELINE} (median [IQR] of per-round ratios) | FLOP ceiling | '
+          f'page faults / pass | goal |')
+    print('|---|---|---|---|---|---|---|')
     for row in rows:
         goal = GOALS.get(row['model'])
         verdict = '' if goal is None else f">= {goal:.2f}x: {'met' if row['ratio_vs_vit'] >= goal else 'NOT met'}"
         q1, q3 = row['ratio_iqr']
         print(f"| {row['model']} | {row['size']} | {row['images_per_s']:.1f} | "
-              f"{row['ratio_vs_vit']:.3f}x [{q1:.3f}, {q3:.3f}] | {row['page_faults_per_pass']:.0f} | {verdict} |")
+              f"{row['ratio_vs_vit']:.3f}x [{q1:.3f}, {q3:.3f}] | {row['flop_ceiling']:.3f}x | "
+              f"{row['page_faults_per_pass']:.0f} | {verdict} |")
     if args.json:
         args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, allocator=allocator,
                                              glibc_tunables=os.environ.get('GLIBC_TUNABLES'), rows=rows), indent=2))
