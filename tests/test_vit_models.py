@@ -186,3 +186,24 @@ def test_bad_model_options():
         timm.create_model('vit_tiny_patch16_pope_224', patch_drop_rate=0.5)
     with pytest.raises(ValueError, match='head dim 64 .* = 66'):
         timm.create_model('vit_tiny_patch16_goat_224', attn_kwargs=dict(num_modes=16))
+
+
+@pytest.mark.parametrize('name', TINY)
+def test_training_after_inference_mode_at_a_new_size(name):
+    """Coordinates cached while evaluating under torch.inference_mode must not poison later training
+    (an inference tensor cannot be saved for backward): evaluate at a size no other test uses, then train
+    there with and without grad checkpointing."""
+    model = _small(name, img_size=64, dynamic_img_size=True)
+    x = torch.randn(2, 3, 80, 48)  # a 5 x 3 patch grid
+    model.eval()
+    with torch.inference_mode():
+        ref = model(x)
+    model.train()
+    for checkpointing in (False, True):
+        model.set_grad_checkpointing(checkpointing)
+        model.zero_grad()
+        model(x).sum().backward()
+        assert all(p.grad is not None for n, p in model.named_parameters() if n.startswith('blocks.0.'))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref)

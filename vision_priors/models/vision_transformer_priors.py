@@ -37,7 +37,10 @@ register_notrace_module(LavoCrossAttention)
 
 @lru_cache(maxsize=32)
 def _cached_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
-    return grid_coords((rows, cols), device=device)
+    # a normal tensor even when first requested under torch.inference_mode: an inference tensor in the
+    # cache could not be saved for backward by a later training step (e.g. under grad checkpointing)
+    with torch.inference_mode(False):
+        return grid_coords((rows, cols), device=device)
 
 
 @torch.fx.wrap
