@@ -138,6 +138,49 @@ def _goat_tables(tab_base, stride_tn, offs_n, offs_p, N, NP):
 
 
 @triton.jit
+def _pope_phase_bias(DELTA, h, offs_d, D):
+    """cos / sin of head h's learned phase bias delta, (BLOCK_D,) each."""
+    delta = tl.load(DELTA + h * D + offs_d, mask=offs_d < D, other=0.0)
+    return tl.cos(delta), tl.sin(delta)
+
+
+@triton.jit
+def _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_d, N, D):
+    """A query tile's real PoPE features softplus(q) [cos phi, sin phi] as two halves, in q's dtype."""
+    mu, cos_t, sin_t = _pope_mag_tables(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_d, N, D)
+    dt = q_base.dtype.element_ty
+    return (mu * cos_t).to(dt), (mu * sin_t).to(dt)
+
+
+@triton.jit
+def _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_d, N, D, cos_d, sin_d, NUM_PREFIX):
+    """A key tile's real PoPE features softplus(k) [cos(phi + delta), sin(phi + delta)], in k's dtype."""
+    mu, cos_t, sin_t = _pope_mag_tables(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_d, N, D)
+    c, s = _pope_key_rotation(cos_t, sin_t, cos_d, sin_d, offs_n, NUM_PREFIX)
+    dt = k_base.dtype.element_ty
+    return (mu * c).to(dt), (mu * s).to(dt)
+
+
+@triton.jit
+def _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP):
+    """Head h's doubled mode weights alpha2, beta2 (width 2 NP, zero outside)."""
+    p_ok = offs_p < 2 * NP
+    alpha2 = tl.load(ALPHA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
+    beta2 = tl.load(BETA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
+    return alpha2, beta2
+
+
+@triton.jit
+def _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, dt: tl.constexpr):
+    """A key tile's table rows T (in dtype dt) and key-only default u (zero outside)."""
+    n_ok = offs_n < N
+    t_k = tl.load(tab_base + offs_n[:, None] * stride_tn + offs_p[None, :],
+                  mask=n_ok[:, None] & (offs_p[None, :] < 2 * NP), other=0.0).to(dt)
+    u = tl.load(u_base + offs_n, mask=n_ok, other=0.0)
+    return t_k, u
+
+
+@triton.jit
 def _key_valid(kpm_base, offs_n, N, HAS_KPM: tl.constexpr):
     ok = offs_n < N
     if HAS_KPM:
@@ -184,19 +227,12 @@ def _flash_prior_fwd(
 
     # query-side features, built once for this tile
     if MODE == 2:
-        mu, cos_t, sin_t = _pope_mag_tables(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
-        qa = (mu * cos_t).to(DT)
-        qb = (mu * sin_t).to(DT)
-        d_ok = offs_dq < D_QK
-        delta = tl.load(DELTA + h * D_QK + offs_dq, mask=d_ok, other=0.0)
-        cos_d = tl.cos(delta)
-        sin_d = tl.sin(delta)
+        qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
+        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
     else:
         qa = _load_rows(q_base, stride_qn, offs_m, offs_dq, N, D_QK)
     if MODE == 1:
-        p_ok = offs_p < 2 * NP
-        alpha2 = tl.load(ALPHA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
-        beta2 = tl.load(BETA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
+        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
         t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
         q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(DT)
 
@@ -211,10 +247,8 @@ def _flash_prior_fwd(
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if MODE == 2:
-            mu_k, cos_k, sin_k = _pope_mag_tables(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK)
-            c_k, s_k = _pope_key_rotation(cos_k, sin_k, cos_d, sin_d, offs_n, NUM_PREFIX)
-            ka = (mu_k * c_k).to(DT)
-            kb = (mu_k * s_k).to(DT)
+            ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
+                                        cos_d, sin_d, NUM_PREFIX)
             qk = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
             qk = tl.dot(qb, tl.trans(kb), qk, input_precision=INPUT_PRECISION)
         else:
@@ -222,9 +256,7 @@ def _flash_prior_fwd(
             qk = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
         s = qk * qk_scale
         if MODE == 1:
-            t_k = tl.load(tab_base + offs_n[:, None] * stride_tn + offs_p[None, :],
-                          mask=(offs_n[:, None] < N) & (offs_p[None, :] < 2 * NP), other=0.0).to(DT)
-            u = tl.load(u_base + offs_n, mask=offs_n < N, other=0.0)
+            t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
             prior = tl.dot(q_rel, tl.trans(t_k), input_precision=INPUT_PRECISION) + u[None, :]
             s += prior * _LOG2E
         valid = _key_valid(kpm_base, offs_n, N, HAS_KPM)[None, :]
@@ -293,23 +325,16 @@ def _flash_prior_bwd_dkdv(
 
     if MODE == 2:
         d_ok = offs_dq < D_QK
-        delta = tl.load(DELTA + h * D_QK + offs_dq, mask=d_ok, other=0.0)
-        cos_d = tl.cos(delta)
-        sin_d = tl.sin(delta)
-        mu_k, cos_k, sin_k = _pope_mag_tables(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK)
-        c_k, s_k = _pope_key_rotation(cos_k, sin_k, cos_d, sin_d, offs_n, NUM_PREFIX)
-        ka = (mu_k * c_k).to(DT)
-        kb = (mu_k * s_k).to(DT)
+        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
+        ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
+                                    cos_d, sin_d, NUM_PREFIX)
         dkb = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
     else:
         ka = _load_rows(k_base, stride_kn, offs_n, offs_dq, N, D_QK)
     if MODE == 1:
         p_ok = offs_p < 2 * NP
-        alpha2 = tl.load(ALPHA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
-        beta2 = tl.load(BETA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
-        t_k = tl.load(tab_base + offs_n[:, None] * stride_tn + offs_p[None, :],
-                      mask=n_ok[:, None] & p_ok[None, :], other=0.0).to(DT)
-        u = tl.load(u_base + offs_n, mask=n_ok, other=0.0)
+        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
+        t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
         g_k = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
         d_u = tl.zeros([BLOCK_N], dtype=tl.float32)
     v = _load_rows(v_base, stride_vn, offs_n, offs_dv, N, D_V)
@@ -325,9 +350,7 @@ def _flash_prior_bwd_dkdv(
         offs_m = start_m + offs_mb
         m_ok = offs_m < N
         if MODE == 2:
-            mu_q, cos_q, sin_q = _pope_mag_tables(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
-            qa = (mu_q * cos_q).to(DT)
-            qb = (mu_q * sin_q).to(DT)
+            qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
             s_t = tl.dot(ka, tl.trans(qa), input_precision=INPUT_PRECISION)
             s_t = tl.dot(kb, tl.trans(qb), s_t, input_precision=INPUT_PRECISION)
         else:
@@ -423,20 +446,14 @@ def _flash_prior_bwd_dq(
     qk_scale = sm_scale * _LOG2E
 
     if MODE == 2:
-        d_ok = offs_dq < D_QK
-        delta = tl.load(DELTA + h * D_QK + offs_dq, mask=d_ok, other=0.0)
-        cos_d = tl.cos(delta)
-        sin_d = tl.sin(delta)
-        mu_q, cos_q, sin_q = _pope_mag_tables(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
-        qa = (mu_q * cos_q).to(DT)
-        qb = (mu_q * sin_q).to(DT)
+        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
+        qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
         dqb = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
     else:
         qa = _load_rows(q_base, stride_qn, offs_m, offs_dq, N, D_QK)
     if MODE == 1:
         p_ok = offs_p < 2 * NP
-        alpha2 = tl.load(ALPHA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
-        beta2 = tl.load(BETA2 + h * 2 * NP + offs_p, mask=p_ok, other=0.0)
+        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
         t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
         q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(DT)
         g_q = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
@@ -452,10 +469,8 @@ def _flash_prior_bwd_dq(
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if MODE == 2:
-            mu_k, cos_k, sin_k = _pope_mag_tables(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK)
-            c_k, s_k = _pope_key_rotation(cos_k, sin_k, cos_d, sin_d, offs_n, NUM_PREFIX)
-            ka = (mu_k * c_k).to(DT)
-            kb = (mu_k * s_k).to(DT)
+            ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
+                                        cos_d, sin_d, NUM_PREFIX)
             s = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
             s = tl.dot(qb, tl.trans(kb), s, input_precision=INPUT_PRECISION)
         else:
@@ -463,9 +478,7 @@ def _flash_prior_bwd_dq(
             s = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
         s = s * qk_scale
         if MODE == 1:
-            t_k = tl.load(tab_base + offs_n[:, None] * stride_tn + offs_p[None, :],
-                          mask=(offs_n[:, None] < N) & p_ok[None, :], other=0.0).to(DT)
-            u = tl.load(u_base + offs_n, mask=offs_n < N, other=0.0)
+            t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
             s += (tl.dot(q_rel, tl.trans(t_k), input_precision=INPUT_PRECISION) + u[None, :]) * _LOG2E
         valid = _key_valid(kpm_base, offs_n, N, HAS_KPM)[None, :] & m_ok[:, None]
         if CAUSAL:
