@@ -103,6 +103,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
 from vision_priors.layers import grid_coords
+from vision_priors.layers.goat import PRIOR_INITS
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
 
 from .engine import JsonlLogger, close_distributed, PerSampleSeeds, fit, latest_checkpoint, make_accelerator, write_json_atomic
@@ -637,7 +638,8 @@ def model_config(args: argparse.Namespace, method: str, vocab_size: int) -> Dict
     return dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
                 grid_size=[grid, grid], question_len=QUESTION_LEN, embed_dim=args.embed_dim, depth=args.depth,
                 num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, image_attention=args.image_attention,
-                goat_modes=args.goat_modes, drop_path_rate=args.drop_path)
+                goat_modes=args.goat_modes, drop_path_rate=args.drop_path,
+                goat_kwargs=dict(prior_init=args.goat_prior_init))
 
 
 def build_model(cfg: Dict[str, Any]) -> SpatialVQATransformer:
@@ -950,6 +952,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--num-heads', type=int, default=4)
     g.add_argument('--mlp-ratio', type=float, default=4.0)
     g.add_argument('--goat-modes', type=int, default=2, help='GOAT Fourier modes R per axis (d_p = 4R + 2)')
+    g.add_argument('--goat-prior-init', choices=PRIOR_INITS, default='zero',
+                   help='GOAT prior initialisation (paper Table 5): zero (uniform), random (seeded), alibi '
+                        '(recency-like decay with distance)')
     g.add_argument('--image-attention', choices=IMAGE_ATTENTION, default='prefix',
                    help='prefix: image tokens attend bidirectionally (scan-order invariance for goat / pope / '
                         'nope); causal: causal in scan order')

@@ -413,3 +413,16 @@ def test_real_cifar_subset_pools_and_scenes():
     assert batch['patches'].shape == (4, 64, 192) and abs(float(batch['patches'].mean())) < 1.0
     model = SpatialVQATransformer('pope', vocab_size=len(vocab), patch_dim=192, embed_dim=32, depth=1, num_heads=2)
     assert model(batch['patches'], batch['coords'], batch['text']).shape == (4, 4, len(vocab))
+
+
+@pytest.mark.parametrize('init', ['zero', 'random', 'alibi'])
+def test_goat_prior_init_flag_reaches_every_goat_layer(init):
+    args = recipe.build_parser().parse_args(['train', '--method', 'goat', '--goat-prior-init', init] + TINY)
+    model = recipe.build_model(recipe.model_config(args, 'goat', vocab_size=8))
+    priors = [m for m in model.modules() if type(m).__name__ == 'GoatPrior']
+    assert priors and all(p.prior_init == init for p in priors)
+    # zero init: a flat (uniform) prior; random / alibi: logits that depend on the key's position
+    with torch.no_grad():
+        logits = priors[0].prior_logits(grid_coords((3, 3)))
+    spread = (logits.amax(-1) - logits.amin(-1)).max().item()
+    assert spread == pytest.approx(0.0, abs=1e-6) if init == 'zero' else spread > 1e-3
