@@ -1,40 +1,24 @@
 """PoPE attention on CPU: the inference path against the SDPA path and timm's plain ``Attention``.
 
 One ViT-S attention layer (384 wide, 6 heads, class token) on a square patch grid, batch 8, inference
-mode. Each round times one call of each variant back to back (order rotating); printed are the
-median milliseconds and the median of the per-round time ratios. The SDPA path is what PoPE runs with
-autograd on (q / k of width 2d, v padded to 2d for CPU SDPA's fused kernel); the inference path is
-``pope_cpu_inference_attention`` (see ``vision_priors/layers/pope.py``).
+mode, timed with ``vit_throughput``'s helpers: each round times one call of each variant back to back
+(order rotating); printed are the median milliseconds and the median of the per-round time ratios.
+The SDPA path is what PoPE runs with autograd on (q / k of width 2d, v widened to 2d for CPU SDPA's
+fused kernel); the inference path is ``pope_cpu_inference_attention`` (``vision_priors/layers/pope.py``).
 
     ./run.sh bench pope_cpu_attention                 # 14 x 14 and 24 x 24 grids (197 / 577 tokens)
     ./run.sh bench pope_cpu_attention --grids 32      # 1025 tokens
 """
 import argparse
 import statistics
-import time
-from typing import Callable, Dict, List
+from typing import Callable
 
 import torch
 from timm.layers import Attention
 
 from vision_priors.layers import PopeAttention
 import vision_priors.layers.pope as pope_module
-
-
-def time_rounds(variants: Dict[str, Callable[[], object]], rounds: int, warmup: int) -> Dict[str, List[float]]:
-    """Seconds per call of every variant and round; the order rotates by one variant per round."""
-    names = list(variants)
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    for _ in range(warmup):
-        for fn in variants.values():
-            fn()
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            variants[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
+from vit_throughput import paired_ratios, time_rounds  # same directory: the shared timing helpers
 
 
 def main() -> None:
@@ -70,11 +54,11 @@ def main() -> None:
 
         with torch.inference_mode():
             torch.testing.assert_close(pope_with(True)(), pope_with(False)(), rtol=0, atol=1e-5)
-            times = time_rounds({'timm': lambda: plain(x), 'sdpa': pope_with(False), 'fast': pope_with(True)},
-                                args.rounds, args.warmup)
+            times, _ = time_rounds({'timm': lambda: plain(x), 'sdpa': pope_with(False), 'fast': pope_with(True)},
+                                   args.rounds, args.warmup)
         med = {name: statistics.median(values) * 1e3 for name, values in times.items()}
-        sdpa_ratio = statistics.median(s / f for s, f in zip(times['sdpa'], times['fast']))
-        timm_ratio = statistics.median(t / f for t, f in zip(times['timm'], times['fast']))
+        sdpa_ratio = paired_ratios(times['sdpa'], times['fast'])[0]
+        timm_ratio = paired_ratios(times['timm'], times['fast'])[0]
         print(f"| {tokens} | {med['timm']:.1f} | {med['sdpa']:.1f} | {med['fast']:.1f} | "
               f"{sdpa_ratio:.2f}x | {timm_ratio:.2f}x |")
 

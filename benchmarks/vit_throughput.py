@@ -30,8 +30,9 @@ import resource
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import timm
@@ -52,27 +53,24 @@ GOALS = {'vit_small_patch16_goat_224': 0.95, 'vit_small_patch16_pope_224': 0.85}
 PINNED_MALLOC = 'glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184'
 
 
-def time_models(models: Dict[str, torch.nn.Module], x: torch.Tensor, warmup: int,
-                repeats: int) -> Tuple[Dict[str, List[float]], Dict[str, List[int]]]:
-    """Seconds and minor page faults of one forward pass per model and round; within a round the
-    models run back to back, in an order rotated by one model every round."""
-    times: Dict[str, List[float]] = {name: [] for name in models}
-    faults: Dict[str, List[int]] = {name: [] for name in models}
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for model in models.values():
-                model(x)
-        names = list(models)
-        for round_index in range(repeats):
-            # rotate the order every round so that no model always runs first or last
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                model = models[name]
-                faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                start = time.perf_counter()
-                model(x)
-                times[name].append(time.perf_counter() - start)
-                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
+def time_rounds(calls: Dict[str, Callable[[], object]], rounds: int,
+                warmup: int) -> Tuple[Dict[str, List[float]], Dict[str, List[int]]]:
+    """Seconds and minor page faults of one call per variant and round; within a round the variants run
+    back to back, in an order rotated by one variant every round (no variant always first or last)."""
+    names = list(calls)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    faults: Dict[str, List[int]] = {name: [] for name in names}
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
     return times, faults
 
 
@@ -133,7 +131,9 @@ def main() -> None:
     for size in args.sizes:
         x = torch.randn(args.batch_size, 3, size, size)
         models = {name: timm.create_model(name, img_size=size, num_classes=1000).eval() for name in MODELS}
-        per_model, faults = time_models(models, x, args.warmup, args.repeats)
+        with torch.inference_mode():
+            per_model, faults = time_rounds({name: partial(model, x) for name, model in models.items()},
+                                            args.repeats, args.warmup)
         flops = {name: count_flops(model, x) for name, model in models.items()}
         for name in MODELS:
             seconds = statistics.median(per_model[name])

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from kernels._backend import BACKENDS, resolve_backend
 
-__all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'key_padding_mask', 'use_flash_kernel']
+__all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'key_padding_mask', 'tracing_or_compiling', 'use_flash_kernel']
 
 KERNEL_BACKENDS = BACKENDS
 
@@ -34,10 +34,16 @@ def key_padding_mask(attn_mask: Optional[Tensor]) -> Optional[Tensor]:
 
 
 @torch.jit.unused
+def tracing_or_compiling() -> bool:
+    """Under torch.fx symbolic tracing or torch.compile, where eager-only fast paths stand aside."""
+    return torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling()
+
+
+@torch.jit.unused
 def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropout_active: bool,
                      head_dim: int) -> bool:
     """Whether a layer's fused path should call the Triton kernel for input ``x``."""
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling():
+    if tracing_or_compiling():
         return False
     if backend == 'torch' or dropout_active or head_dim > 128:
         return False

@@ -24,7 +24,7 @@ from torch.jit import Final
 from timm.layers.attention import resolve_self_attn_mask
 
 from .coords import check_mask_args, resolve_token_coords
-from .kernel_dispatch import check_kernel_backend, key_padding_mask, use_flash_kernel
+from .kernel_dispatch import check_kernel_backend, key_padding_mask, tracing_or_compiling, use_flash_kernel
 
 # leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
 torch.fx.wrap('check_mask_args')
@@ -125,9 +125,12 @@ def phase_table(phase: Tensor, scale: float = 1.0) -> Tensor:
     return torch.stack([phase.cos(), phase.sin()], dim=-2) * scale
 
 
-def pope_features(magnitude: Tensor, table: Tensor) -> Tensor:
-    """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10), in one pass."""
-    return (magnitude.unsqueeze(-2) * table).flatten(-2)
+def pope_features(magnitude: Tensor, table: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """Real-valued PoPE features [m cos(phase), m sin(phase)] of width 2d (Eq. 10), in one pass.
+
+    ``out``: optional (..., N, 2, d) buffer to write into (the CPU inference path reuses one).
+    """
+    return torch.mul(magnitude.unsqueeze(-2), table, out=out).flatten(-2)
 
 
 # logits kept per matmul on the CPU inference path: about one core's L2 cache
@@ -138,7 +141,7 @@ CPU_LOGITS_BYTES = 2 ** 21
 def use_cpu_inference_attention(x: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_active: bool) -> bool:
     """Whether ``pope_cpu_inference_attention`` serves this call: CPU tensors, autograd off, no mask, no
     causal masking, no attention dropout, outside fx tracing and torch.compile."""
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling():
+    if tracing_or_compiling():
         return False
     return (x.device.type == 'cpu' and attn_mask is None and not is_causal and not dropout_active
             and not torch.is_grad_enabled())
@@ -186,11 +189,10 @@ def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tenso
     per_sample = q_table.dim() == 5
     for b in range(B):
         # softplus magnitudes written into the scratch, then the width-2d features (Eq. 10)
-        softplus_into(q[b], magnitude, scratch)
-        torch.mul(magnitude.unsqueeze(-2), q_table[b] if per_sample else q_table, out=q_feat)
-        softplus_into(k[b], magnitude, scratch)
-        torch.mul(magnitude.unsqueeze(-2), k_table[b] if per_sample else k_table, out=k_feat)
-        q_rows, k_rows = q_feat.view(H, N, 2 * d), k_feat.view(H, N, 2 * d)
+        q_rows = pope_features(softplus_into(q[b], magnitude, scratch), q_table[b] if per_sample else q_table,
+                               out=q_feat)
+        k_rows = pope_features(softplus_into(k[b], magnitude, scratch), k_table[b] if per_sample else k_table,
+                               out=k_feat)
         for h in range(0, H, step):
             n = min(step, H - h)
             torch.bmm(q_rows[h:h + n], k_rows[h:h + n].transpose(1, 2), out=logits[:n])
