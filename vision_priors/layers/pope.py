@@ -130,6 +130,8 @@ def pope_features(magnitude: Tensor, table: Tensor, out: Optional[Tensor] = None
 
     ``out``: optional (..., N, 2, d) buffer to write into (the CPU inference path reuses one).
     """
+    if out is None:
+        return (magnitude.unsqueeze(-2) * table).flatten(-2)
     return torch.mul(magnitude.unsqueeze(-2), table, out=out).flatten(-2)
 
 
