@@ -36,6 +36,22 @@ def interpreting() -> bool:
     return isinstance(tl.sum, InterpretedFunction)
 
 
+def requested_backend(backend: str) -> str:
+    """'auto', 'triton' or 'torch': the argument, or the environment variable where the argument is 'auto'.
+
+    Raises:
+        ValueError: an unknown backend name (argument or environment variable).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    env = os.environ.get(ENV_VAR, '').strip().lower()
+    if env not in ('', 'auto', 'triton', 'torch'):
+        raise ValueError(f"{ENV_VAR} must be 'triton', 'torch' or 'auto', got {env!r}")
+    if backend == 'auto' and env in ('triton', 'torch'):
+        return env
+    return backend
+
+
 def resolve_backend(backend: str, *tensors: Optional[torch.Tensor]) -> str:
     """Returns 'triton' or 'torch' for these tensors (None entries are ignored).
 
@@ -44,16 +60,9 @@ def resolve_backend(backend: str, *tensors: Optional[torch.Tensor]) -> str:
         RuntimeError: 'triton' requested where it cannot run (no Triton; CPU tensors without the
             interpreter).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    env = os.environ.get(ENV_VAR, '').strip().lower()
-    if env not in ('', 'auto', 'triton', 'torch'):
-        raise ValueError(f"{ENV_VAR} must be 'triton', 'torch' or 'auto', got {env!r}")
+    choice = requested_backend(backend)
     ts = [t for t in tensors if t is not None]
     on_cuda = all(t.is_cuda for t in ts)
-    choice = backend
-    if choice == 'auto':
-        choice = env if env in ('triton', 'torch') else 'auto'
     if choice == 'auto':
         return 'triton' if HAS_TRITON and on_cuda and ts else 'torch'
     if choice == 'triton':

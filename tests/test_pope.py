@@ -5,7 +5,7 @@ e^{i (s w_c + delta_c)}, a_ts = Re sum_c q~_tc conj(k~_sc) / sqrt(d), computed w
 tensors. In 2D the first d/2 channels use x, the rest y; prefix tokens have phase 0 and no delta.
 
 Tolerances: float64 forward 1e-10, gradients 1e-9; float32 fused vs dense 2e-5; float32 CPU inference
-path vs SDPA path 2e-6.
+path (the compiled op, kernels/pope_cpu.cpp) vs SDPA path 2e-6 and vs the float64 reference 1e-5.
 """
 import math
 
@@ -199,6 +199,36 @@ def test_cpu_inference_path_matches_float64_reference(case, monkeypatch):
     else:
         ref = torch.cat([pope_reference(layer, x[b:b + 1], coords[b], False) for b in range(batch)])
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize('case', sorted(INFERENCE_CASES))
+def test_compiled_cpu_inference_path_matches_float64_reference(case, monkeypatch):
+    """float32 layers take the compiled op (kernels/pope_cpu.cpp); against the float64 reference, 1e-5."""
+    import shutil
+
+    import vision_priors.layers.pope as pope_module
+    if shutil.which('c++') is None and shutil.which('g++') is None:
+        pytest.skip('no C++ compiler to build kernels/pope_cpu.cpp')
+    kwargs, num_tokens, coords_kind = INFERENCE_CASES[case]
+    torch.manual_seed(12)
+    layer = PopeAttention(**kwargs).eval()
+    _randomize(layer, 12)
+    batch, num = 3, num_tokens - layer.num_prefix_tokens
+    gen = torch.Generator().manual_seed(13)
+    shape = (num, layer.num_spatial_dims) if coords_kind == 'shared' else (batch, num, layer.num_spatial_dims)
+    coords = torch.randn(*shape, generator=gen) * 4
+    x = torch.randn(batch, num_tokens, kwargs['dim'], generator=gen) * 2
+    calls = []
+    real = pope_module.pope_cpu_attention
+    monkeypatch.setattr(pope_module, 'pope_cpu_attention', lambda *a: calls.append(1) or real(*a))
+    with torch.inference_mode():
+        out = layer(x, coords=coords)
+    assert calls, 'the compiled CPU op was not taken'
+    if coords_kind == 'shared':
+        ref = pope_reference(layer, x, coords, False)
+    else:
+        ref = torch.cat([pope_reference(layer, x[b:b + 1], coords[b], False) for b in range(batch)])
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
 
 def test_cpu_inference_path_matches_sdpa_path_float32():

@@ -23,6 +23,9 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
+from kernels._backend import requested_backend
+from kernels.pope_cpu import DEFAULT_LOGITS_BYTES, load_pope_cpu_op, pope_cpu_attention
+
 from .coords import check_mask_args, resolve_token_coords
 from .kernel_dispatch import check_kernel_backend, key_padding_mask, tracing_or_compiling, use_flash_kernel
 
@@ -30,7 +33,8 @@ from .kernel_dispatch import check_kernel_backend, key_padding_mask, tracing_or_
 torch.fx.wrap('check_mask_args')
 torch.fx.wrap('resolve_token_coords')
 
-__all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias', 'pope_cpu_inference_attention']
+__all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias', 'pope_cpu_inference_attention',
+           'cpu_inference_attention']
 
 
 def wrap_phase_bias(raw: Tensor) -> Tensor:
@@ -135,8 +139,8 @@ def pope_features(magnitude: Tensor, table: Tensor, out: Optional[Tensor] = None
     return torch.mul(magnitude.unsqueeze(-2), table, out=out).flatten(-2)
 
 
-# logits kept per matmul on the CPU inference path: about one core's L2 cache
-CPU_LOGITS_BYTES = 2 ** 21
+# logits kept per matmul on the CPU inference paths (torch ops and the compiled op): about one core's L2
+CPU_LOGITS_BYTES = DEFAULT_LOGITS_BYTES
 
 
 @torch.jit.unused
@@ -203,6 +207,18 @@ def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tenso
     return out
 
 
+@torch.jit.unused
+def cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor,
+                            kernel_backend: str = 'auto') -> Tensor:
+    """CPU inference attention: the compiled op (``kernels/pope_cpu.cpp``) for float32 where it builds and
+    the backend is not 'torch' (argument or ``VISION_PRIORS_KERNELS``), else ``pope_cpu_inference_attention``
+    (the same computation in torch ops, and the op's reference). Arguments as there."""
+    if (q.dtype == torch.float32 and requested_backend(kernel_backend) != 'torch'
+            and load_pope_cpu_op() is not None):
+        return pope_cpu_attention(q, k, v, q_table, k_table, CPU_LOGITS_BYTES)
+    return pope_cpu_inference_attention(q, k, v, q_table, k_table)
+
+
 class PopeAttention(nn.Module):
     """Multi-head self-attention with PoPE (polar) positions, computed by one SDPA call.
 
@@ -220,10 +236,11 @@ class PopeAttention(nn.Module):
         qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer: As timm's ``Attention``; qk_norm acts
             on the pre-softplus q, k.
         fused_attn: Use the fused path rather than the dense one: the Triton kernel (CUDA), one SDPA
-            call, or, for CPU inference without a mask, ``pope_cpu_inference_attention`` (same result,
-            v kept at width d, cache-sized logits).
-        kernel_backend: 'auto' (Triton kernel on CUDA tensors), 'triton' or 'torch' (SDPA); the
-            ``VISION_PRIORS_KERNELS`` environment variable overrides 'auto'.
+            call, or, for CPU inference without a mask, ``cpu_inference_attention`` (same result, v kept
+            at width d, cache-sized logits; the compiled C++ op for float32).
+        kernel_backend: 'auto' (Triton kernel on CUDA tensors, compiled op for CPU inference), 'triton'
+            or 'torch' (SDPA, and torch ops for CPU inference); the ``VISION_PRIORS_KERNELS``
+            environment variable overrides 'auto'.
     """
     fused_attn: Final[bool]
 
@@ -316,7 +333,7 @@ class PopeAttention(nn.Module):
         k_table = phase_table(k_phase).to(k.dtype)
         if (not torch.jit.is_scripting() and not return_attn and self.fused_attn
                 and use_cpu_inference_attention(x, attn_mask, is_causal, self.training and self.attn_drop.p > 0)):
-            out = pope_cpu_inference_attention(q, k, v, q_table, k_table)
+            out = cpu_inference_attention(q, k, v, q_table, k_table, self.kernel_backend)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
         q = pope_features(F.softplus(q), q_table)
         k = pope_features(F.softplus(k), k_table)

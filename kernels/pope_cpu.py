@@ -1,0 +1,86 @@
+"""PoPE attention for CPU inference as a compiled C++ op (``kernels/pope_cpu.cpp``).
+
+The op computes exactly what ``vision_priors.layers.pope.pope_cpu_inference_attention`` (its plain
+PyTorch twin and reference, same signature) computes, in float32: per sample the width-2d softplus-phase
+features of q and k in one pass, then per head group QK^T (ATen/MKL), a fused row softmax, and PV
+with v at width d. It removes the seven-op softplus, the broadcast feature products and the Python loop
+of the torch-op version (``./run.sh bench pope_cpu_attention`` times all three paths).
+
+It is built on first use with ``torch.utils.cpp_extension`` (a C++ compiler with OpenMP and ``ninja``;
+about 15 s, then cached under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it
+cannot be built, :func:`load_pope_cpu_op` warns once and returns None and the layers keep the torch-op
+path; ``VISION_PRIORS_KERNELS=torch`` (or ``kernel_backend='torch'``) skips it altogether.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import warnings
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ['SOURCE', 'load_pope_cpu_op', 'pope_cpu_attention']
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pope_cpu.cpp')
+# torch's extension cache keys builds by name and source hash, not by torch version: the version goes in
+# the name so that an upgraded torch builds afresh instead of loading a library built against another ABI
+EXTENSION_NAME = 'vision_priors_pope_cpu_' + re.sub(r'\W', '_', torch.__version__)
+
+# logits kept per matmul: about one core's L2 cache (the torch-op twin uses the same budget)
+DEFAULT_LOGITS_BYTES = 2 ** 21
+
+_lock = threading.Lock()
+_op: Optional[Callable[..., Tensor]] = None
+_build_error: Optional[str] = None
+
+
+def load_pope_cpu_op() -> Optional[Callable[..., Tensor]]:
+    """The registered op ``torch.ops.vision_priors_cpu.pope_attention``, building it on the first call;
+    None (with one warning saying why) where it cannot be built."""
+    global _op, _build_error
+    if _op is not None or _build_error is not None:
+        return _op
+    with _lock:
+        if _op is None and _build_error is None:
+            try:
+                from torch.utils import cpp_extension
+                cpp_extension.load(
+                    name=EXTENSION_NAME, sources=[SOURCE], extra_cflags=['-O3', '-fopenmp'],
+                    extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False)
+                _op = torch.ops.vision_priors_cpu.pope_attention
+            except Exception as exc:  # no compiler, no ninja, no OpenMP: keep the torch-op path
+                _build_error = f'{type(exc).__name__}: {exc}'
+                warnings.warn(
+                    f'vision_priors: the compiled PoPE CPU attention ({SOURCE}) could not be built, so PoPE '
+                    f'CPU inference uses the slower torch-op path. Cause: {_build_error[:500]}', RuntimeWarning)
+    return _op
+
+
+def pope_cpu_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor,
+                       logits_bytes: int = DEFAULT_LOGITS_BYTES) -> Tensor:
+    """PoPE attention on CPU, float32, without autograd (see the module docstring).
+
+    Args:
+        q, k: (B, H, N, d) pre-softplus queries and keys.
+        v: (B, H, N, d) values.
+        q_table, k_table: ``phase_table`` outputs, (1 or H, N, 2, d) shared or (B, 1 or H, N, 2, d) per
+            sample; the attention scale is folded into ``q_table``.
+        logits_bytes: Heads per matmul are as many as keep their (N, N) logits within this (one at least).
+
+    Returns:
+        (B, H, N, d), a view of a (B, N, H, d) tensor.
+
+    Raises:
+        RuntimeError: the op could not be built, or an input needs gradients (the op has no backward).
+        ValueError / RuntimeError from the op: wrong device, dtype or shapes (the message names them).
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_table, k_table)):
+        raise RuntimeError('pope_cpu_attention has no backward: call it under torch.no_grad() / '
+                           'torch.inference_mode(), or use the SDPA path for training')
+    op = load_pope_cpu_op()
+    if op is None:
+        raise RuntimeError(f'the compiled PoPE CPU attention is unavailable ({_build_error})')
+    return op(q, k, v, q_table, k_table, int(logits_bytes))
