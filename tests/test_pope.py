@@ -174,61 +174,42 @@ INFERENCE_CASES = {
 }
 
 
-@pytest.mark.parametrize('case', sorted(INFERENCE_CASES))
-def test_cpu_inference_path_matches_float64_reference(case, monkeypatch):
-    import vision_priors.layers.pope as pope_module
-    kwargs, num_tokens, coords_kind = INFERENCE_CASES[case]
-    torch.manual_seed(8)
-    layer = PopeAttention(**kwargs).double().eval()
-    _randomize(layer, 8)
-    batch, num = 3, num_tokens - layer.num_prefix_tokens
-    gen = torch.Generator().manual_seed(9)
-    if coords_kind == 'shared':
-        coords = torch.randn(num, layer.num_spatial_dims, generator=gen, dtype=torch.float64) * 4
-    else:
-        coords = torch.randn(batch, num, layer.num_spatial_dims, generator=gen, dtype=torch.float64) * 4
-    x = torch.randn(batch, num_tokens, kwargs['dim'], dtype=torch.float64, generator=gen) * 2
-    calls = []
-    real = pope_module.pope_cpu_inference_attention
-    monkeypatch.setattr(pope_module, 'pope_cpu_inference_attention', lambda *a: calls.append(1) or real(*a))
-    with torch.no_grad():
-        out = layer(x, coords=coords)
-    assert calls, 'the CPU inference path was not taken'
-    if coords_kind == 'shared':
-        ref = pope_reference(layer, x, coords, False)
-    else:
-        ref = torch.cat([pope_reference(layer, x[b:b + 1], coords[b], False) for b in range(batch)])
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+# path: (layer dtype, the function the layer must call, tolerance against the float64 reference)
+INFERENCE_PATHS = {
+    'torch_ops': (torch.float64, 'pope_cpu_inference_attention', 1e-10),
+    'compiled': (torch.float32, 'pope_cpu_attention', 1e-5),  # kernels/pope_cpu.cpp, float32 only
+}
 
 
+@pytest.mark.parametrize('path', sorted(INFERENCE_PATHS))
 @pytest.mark.parametrize('case', sorted(INFERENCE_CASES))
-def test_compiled_cpu_inference_path_matches_float64_reference(case, monkeypatch):
-    """float32 layers take the compiled op (kernels/pope_cpu.cpp); against the float64 reference, 1e-5."""
+def test_cpu_inference_path_matches_float64_reference(case, path, monkeypatch):
     import shutil
 
     import vision_priors.layers.pope as pope_module
-    if shutil.which('c++') is None and shutil.which('g++') is None:
+    dtype, function, atol = INFERENCE_PATHS[path]
+    if path == 'compiled' and shutil.which('c++') is None and shutil.which('g++') is None:
         pytest.skip('no C++ compiler to build kernels/pope_cpu.cpp')
     kwargs, num_tokens, coords_kind = INFERENCE_CASES[case]
-    torch.manual_seed(12)
-    layer = PopeAttention(**kwargs).eval()
-    _randomize(layer, 12)
+    torch.manual_seed(8)
+    layer = PopeAttention(**kwargs).to(dtype).eval()
+    _randomize(layer, 8)
     batch, num = 3, num_tokens - layer.num_prefix_tokens
-    gen = torch.Generator().manual_seed(13)
+    gen = torch.Generator().manual_seed(9)
     shape = (num, layer.num_spatial_dims) if coords_kind == 'shared' else (batch, num, layer.num_spatial_dims)
-    coords = torch.randn(*shape, generator=gen) * 4
-    x = torch.randn(batch, num_tokens, kwargs['dim'], generator=gen) * 2
+    coords = torch.randn(*shape, generator=gen, dtype=dtype) * 4
+    x = torch.randn(batch, num_tokens, kwargs['dim'], dtype=dtype, generator=gen) * 2
     calls = []
-    real = pope_module.pope_cpu_attention
-    monkeypatch.setattr(pope_module, 'pope_cpu_attention', lambda *a: calls.append(1) or real(*a))
+    real = getattr(pope_module, function)
+    monkeypatch.setattr(pope_module, function, lambda *a: calls.append(1) or real(*a))
     with torch.inference_mode():
         out = layer(x, coords=coords)
-    assert calls, 'the compiled CPU op was not taken'
+    assert calls, f'{function} was not called'
     if coords_kind == 'shared':
         ref = pope_reference(layer, x, coords, False)
     else:
         ref = torch.cat([pope_reference(layer, x[b:b + 1], coords[b], False) for b in range(batch)])
-    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol)
 
 
 def test_cpu_inference_path_matches_sdpa_path_float32():
