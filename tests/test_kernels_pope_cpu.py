@@ -188,3 +188,19 @@ def test_layer_dispatch(op, setting, monkeypatch):
     with torch.inference_mode():
         layer(x)
     assert (bool(compiled), bool(torch_ops)) == ((True, False) if setting == 'auto' else (False, True))
+
+
+@pytest.mark.parametrize('threads', [1, 3])
+def test_thread_counts(op, threads):
+    """Rows split over 1 or 3 threads (the suite otherwise runs with 2) give the reference result."""
+    B, H, N, d = 2, 3, 131, 24
+    q, k, v, q_phase, k_phase = make_inputs(B, H, N, d, False, seed=6)
+    q_table, k_table = phase_table(q_phase, d ** -0.5).float(), phase_table(k_phase).float()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            out = op(q, k, v, q_table, k_table)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out.double(), reference(q, k, v, q_phase, k_phase, d ** -0.5), rtol=0, atol=1e-5)
