@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 from timm.layers import Attention
 
-from kernels.pope_cpu import load_pope_cpu_op
 from vision_priors.layers import PopeAttention
 import vision_priors.layers.pope as pope_module
 from vit_throughput import paired_ratios, time_rounds  # same directory: the shared timing helpers
@@ -32,8 +31,9 @@ def main() -> None:
     parser.add_argument('--warmup', type=int, default=2)
     args = parser.parse_args()
     torch.manual_seed(0)
-    if load_pope_cpu_op() is None:
-        raise SystemExit('pope_cpu_attention: kernels/pope_cpu.cpp could not be built (see the warning above)')
+    if not pope_module.use_compiled_cpu_op(torch.float32):
+        raise SystemExit('pope_cpu_attention: the compiled op is not in use (VISION_PRIORS_KERNELS=torch, or '
+                         'kernels/pope_cpu.cpp could not be built: see the warning above)')
     use_inference_path = pope_module.use_cpu_inference_attention
 
     print(f'\nPoPE attention, CPU, {torch.get_num_threads()} threads, batch {args.batch_size}, dim 384, 6 heads, '

@@ -39,8 +39,8 @@ import timm
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import vision_priors  # noqa: F401  (registers our models)
-from kernels._backend import requested_backend
 from kernels.pope_cpu import load_pope_cpu_op
+from vision_priors.layers.pope import use_compiled_cpu_op
 
 BASELINE = 'vit_small_patch16_224'
 MODELS = [
@@ -136,8 +136,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    pope_cpu_path = ('compiled op (kernels/pope_cpu.cpp)'
-                     if requested_backend('auto') != 'torch' and load_pope_cpu_op() is not None else 'torch ops')
+    pope_cpu_path = 'compiled op (kernels/pope_cpu.cpp)' if use_compiled_cpu_op(torch.float32) else 'torch ops'
 
     rows = []
     for size in args.sizes:

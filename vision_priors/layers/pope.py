@@ -34,7 +34,7 @@ torch.fx.wrap('check_mask_args')
 torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias', 'pope_cpu_inference_attention',
-           'cpu_inference_attention']
+           'cpu_inference_attention', 'use_compiled_cpu_op']
 
 
 def wrap_phase_bias(raw: Tensor) -> Tensor:
@@ -208,13 +208,19 @@ def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tenso
 
 
 @torch.jit.unused
+def use_compiled_cpu_op(dtype: torch.dtype, kernel_backend: str = 'auto') -> bool:
+    """Whether CPU inference runs the compiled op (``kernels/pope_cpu.cpp``): float32, a backend other than
+    'torch' (argument or ``VISION_PRIORS_KERNELS``), and an op that builds here."""
+    return dtype == torch.float32 and requested_backend(kernel_backend) != 'torch' and load_pope_cpu_op() is not None
+
+
+@torch.jit.unused
 def cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor,
                             kernel_backend: str = 'auto') -> Tensor:
-    """CPU inference attention: the compiled op (``kernels/pope_cpu.cpp``) for float32 where it builds and
-    the backend is not 'torch' (argument or ``VISION_PRIORS_KERNELS``), else ``pope_cpu_inference_attention``
-    (the same computation in torch ops, and the op's reference). Arguments as there."""
-    if (q.dtype == torch.float32 and requested_backend(kernel_backend) != 'torch'
-            and load_pope_cpu_op() is not None):
+    """CPU inference attention: the compiled op where ``use_compiled_cpu_op``, else
+    ``pope_cpu_inference_attention`` (the same computation in torch ops, and the op's reference).
+    Arguments as there."""
+    if use_compiled_cpu_op(q.dtype, kernel_backend):
         return pope_cpu_attention(q, k, v, q_table, k_table, CPU_LOGITS_BYTES)
     return pope_cpu_inference_attention(q, k, v, q_table, k_table)
 
