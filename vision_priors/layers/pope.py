@@ -145,8 +145,8 @@ CPU_LOGITS_BYTES = DEFAULT_LOGITS_BYTES
 
 @torch.jit.unused
 def use_cpu_inference_attention(x: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_active: bool) -> bool:
-    """Whether ``pope_cpu_inference_attention`` serves this call: CPU tensors, autograd off, no mask, no
-    causal masking, no attention dropout, outside fx tracing and torch.compile."""
+    """Whether ``cpu_inference_attention`` (compiled op or its torch-op twin) serves this call: CPU tensors,
+    autograd off, no mask, no causal masking, no attention dropout, outside fx tracing and torch.compile."""
     if tracing_or_compiling():
         return False
     return (x.device.type == 'cpu' and attn_mask is None and not is_causal and not dropout_active
@@ -168,7 +168,10 @@ def softplus_into(x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
 
 @torch.jit.unused
 def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor) -> Tensor:
-    """PoPE attention for CPU inference, one sample's features and one head's logits at a time.
+    """PoPE attention for CPU inference in torch ops, one sample's features and one head's logits at a time.
+
+    The twin and reference of the compiled op ``kernels/pope_cpu.cpp`` (same signature), and what
+    ``cpu_inference_attention`` runs where that op is not used (non-float32, backend 'torch', no build).
 
     CPU SDPA's fused kernel needs equal q / k / v widths, so the SDPA path pads v from d to 2d (and
     pays for it in the second matmul) and materialises the width-2d features of the whole batch. Here
