@@ -1,34 +1,34 @@
-"""Shared recipe machinery: one training loop on accelerate, atomic checkpoints, JSON-lines logs.
+"""Shared training machinery: one loop on accelerate, with evaluation, best checkpoint and early stopping.
 
 Every recipe builds its model, data and loss, then calls :func:`fit`. Devices, mixed precision,
 gradient accumulation and multi-process runs (``accelerate launch``) come from ``accelerate``;
-optimizers, schedulers, EMA and mixup from timm.
-
-Checkpoints: ``accelerator.save_state`` (model weights as safetensors, optimizer, scheduler, step
-counter, EMA and every process's RNG states) is written to a temporary folder, renamed into
-``checkpoint-<step>`` and only then published by atomically replacing ``latest.json``; a run killed at
-any moment leaves the previous checkpoint intact. ``--resume`` restores all of it and skips the
-batches already seen in the current epoch (the sampler is seeded per epoch), so a resumed run
-reproduces an uninterrupted one.
+optimizers, schedulers, EMA and mixup from timm. Checkpoints (``checkpoints.py``) hold the model,
+optimizer, scheduler, counters, EMA, best-metric state and every process's RNG state; ``--resume``
+restores all of it and skips the batches already seen in the current epoch (the sampler is seeded per
+epoch), so a resumed run reproduces an uninterrupted one bit for bit.
 """
-import json
+import contextlib
 import math
-import os
 import random
-import shutil
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, send_to_device, set_seed
+from safetensors.torch import save_file
+from timm.scheduler import create_scheduler_v2
+from timm.utils import accuracy
 
-LATEST = 'latest.json'
+from .checkpoints import (WEIGHTS, latest_checkpoint, load_checkpoint, save_checkpoint, write_json_atomic,
+                          write_manifest)
+from .logs import JsonlLogger
+
+BEST_DIR = 'best'
 
 
 class PerSampleSeeds(Dataset):
@@ -53,64 +53,51 @@ class PerSampleSeeds(Dataset):
 
     def __getitem__(self, index: int):
         sample_seed = (self.seed * 1_000_003 + self.epoch * 9_176_467 + int(index)) % (2 ** 63)
-        torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
-        try:
+        with preserved_rng():
             torch.manual_seed(sample_seed)
             random.seed(sample_seed)
             np.random.seed(sample_seed % (2 ** 32))
             return self.dataset[index]
-        finally:
-            torch.set_rng_state(torch_state)
-            random.setstate(py_state)
-            np.random.set_state(np_state)
 
 
-class StepCounter:
-    """Optimizer-update and micro-batch counters, checkpointed with the rest of the state."""
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore the python / numpy / torch (CPU and CUDA) RNG states on exit."""
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+class TrainState:
+    """Update / micro-batch counters and best-metric bookkeeping, checkpointed with the rest."""
 
     def __init__(self) -> None:
         self.micro_step = 0
         self.update = 0
+        self.best_value: Optional[float] = None
+        self.best_update = 0
+        self.evals_since_best = 0
 
-    def state_dict(self) -> Dict[str, int]:
-        return {'micro_step': self.micro_step, 'update': self.update}
+    def state_dict(self) -> Dict[str, Any]:
+        return dict(micro_step=self.micro_step, update=self.update, best_value=self.best_value,
+                    best_update=self.best_update, evals_since_best=self.evals_since_best)
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.micro_step = int(state['micro_step'])
         self.update = int(state['update'])
+        self.best_value = state.get('best_value')
+        self.best_update = int(state.get('best_update', 0))
+        self.evals_since_best = int(state.get('evals_since_best', 0))
 
 
-class JsonlLogger:
-    """Appends one JSON object per line (main process only), flushed at once."""
-
-    def __init__(self, path: Path, enabled: bool = True) -> None:
-        self.path = Path(path)
-        self.enabled = enabled
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def log(self, **record: Any) -> None:
-        if not self.enabled:
-            return
-        record.setdefault('time', time.time())
-        with self.path.open('a') as f:
-            f.write(json.dumps(record) + '\n')
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
-
-
-def make_accelerator(
-        seed: int,
-        mixed_precision: str = 'no',
-        grad_accum: int = 1,
-        cpu: bool = False,
-) -> Accelerator:
+def make_accelerator(seed: int, mixed_precision: str = 'no', grad_accum: int = 1, cpu: bool = False) -> Accelerator:
     """Accelerator with a per-epoch seeded sampler (deterministic data order, exact resume)."""
     accelerator = Accelerator(
         mixed_precision=mixed_precision,
@@ -128,38 +115,49 @@ def close_distributed() -> None:
         torch.distributed.destroy_process_group()
 
 
-def latest_checkpoint(out_dir: Path) -> Optional[Path]:
-    """The checkpoint named by ``latest.json`` in ``out_dir``, or None when there is none."""
-    pointer = Path(out_dir) / LATEST
-    if not pointer.exists():
-        return None
-    name = json.loads(pointer.read_text())['checkpoint']
-    path = Path(out_dir) / name
-    if not path.is_dir():
-        raise FileNotFoundError(f'{pointer} names {name}, but {path} does not exist')
-    return path
+def train_loader(dataset: Dataset, batch_size: int, seed: int, num_workers: int = 0) -> DataLoader:
+    """Shuffled, seeded, drop-last loader over a map-style dataset whose augmentation is per-sample seeded."""
+    loader = DataLoader(PerSampleSeeds(dataset, seed), batch_size=batch_size, shuffle=True, drop_last=True,
+                        num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
+    if len(loader) == 0:
+        raise ValueError(f'{len(dataset)} training samples < --batch-size {batch_size}: no full batch')
+    return loader
 
 
-def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: int = 2) -> Path:
-    """Atomically write ``out_dir/checkpoint-<step>`` and point ``latest.json`` at it; keep ``keep``."""
-    out_dir = Path(out_dir)
-    final = out_dir / f'checkpoint-{step:08d}'
-    tmp = out_dir / f'.tmp-checkpoint-{step:08d}'
-    if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        write_json_atomic(out_dir / LATEST, {'checkpoint': final.name, 'step': step})
-        old = sorted(p for p in out_dir.glob('checkpoint-*') if p.is_dir() and p != final)
-        for path in old[:max(0, len(old) - (keep - 1))]:
-            shutil.rmtree(path, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
+def count_updates(updates: int, epochs: int, micro_batches_per_epoch: int, grad_accum: int) -> int:
+    """``updates`` when set, else ``epochs`` worth of optimizer updates."""
+    return updates or max(1, epochs * (micro_batches_per_epoch // grad_accum))
+
+
+def cosine_schedule(optimizer: torch.optim.Optimizer, lr: float, total_updates: int, warmup_frac: float):
+    """timm cosine schedule in optimizer updates (one scheduler 'epoch' = one update), linear warm-up
+    over ``warmup_frac`` of them from lr / 100, ending at lr / 100."""
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched='cosine', num_epochs=total_updates, warmup_epochs=int(round(warmup_frac * total_updates)),
+        warmup_lr=lr * 0.01, min_lr=lr * 0.01, step_on_epochs=False, updates_per_epoch=1)
+    return scheduler
+
+
+def _improved(value: float, best: Optional[float], mode: str) -> bool:
+    if best is None:
+        return True
+    return value < best if mode == 'min' else value > best
+
+
+def save_best(accelerator: Accelerator, model: nn.Module, out_dir: Path, update: int, metrics: Dict[str, float]) -> None:
+    """Write the model weights to ``out_dir/best`` (safetensors + manifest + metrics.json), replacing the old ones."""
+    if not accelerator.is_main_process:
+        return
+    import shutil
+    best, tmp = Path(out_dir) / BEST_DIR, Path(out_dir) / f'.tmp-{BEST_DIR}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    save_file(state, str(tmp / WEIGHTS))
+    write_json_atomic(tmp / 'metrics.json', dict(update=update, **metrics))
+    write_manifest(tmp)
+    shutil.rmtree(best, ignore_errors=True)
+    tmp.rename(best)
 
 
 def fit(
@@ -182,6 +180,11 @@ def fit(
         logger: Optional[JsonlLogger] = None,
         epoch_length: Optional[int] = None,
         step_fn: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
+        eval_every: int = 0,
+        evaluate: Optional[Callable[[], Dict[str, float]]] = None,
+        best_metric: Optional[str] = None,
+        best_mode: str = 'max',
+        patience: int = 0,
 ) -> Dict[str, Any]:
     """Train for ``total_updates`` optimizer updates.
 
@@ -194,18 +197,33 @@ def fit(
         batch_transform: ``(images, targets) -> (images, targets)`` on device (e.g. timm Mixup).
         ema: timm ``ModelEmaV3`` updated after each optimizer update, checkpointed.
         checkpoint_every: Save every this many updates (and at the end); 0 = only at the end.
-        resume: Continue from ``out_dir/latest.json`` if present.
+        resume: Continue from ``out_dir/latest.json`` if present (verified file by file).
         stop_after: Stop (after checkpointing) once this many updates are done: simulates a kill.
+        log_every: Log the mean training loss of the last updates every this many updates; the loss is
+            read back from the device only then (no per-step synchronisation).
         epoch_length: Micro-batches per epoch for loaders without ``len``.
         step_fn: For batches of any structure (e.g. a dict): ``step_fn(model, batch) -> loss``, called
             under autocast with the batch already on the device; replaces ``loss_fn(model(images), targets)``.
+        eval_every: Call ``evaluate`` every this many updates (and at the end); 0 = never.
+        evaluate: ``() -> metrics`` (runs with the RNG states preserved, so evaluation never changes training).
+        best_metric: Metric of ``evaluate`` to track: its best value's weights go to ``out_dir/best``.
+        best_mode: 'max' or 'min': which direction is better.
+        patience: Stop early after this many evaluations without improvement of ``best_metric``; 0 = never.
 
     Returns:
-        ``{'updates': ..., 'last_loss': ..., 'checkpoint': path}``.
+        ``{'updates', 'last_loss', 'checkpoint', 'best_value', 'best_update', 'stopped_early'}``.
     """
+    if step_fn is None and loss_fn is None:
+        raise ValueError('fit() needs loss_fn (for (images, targets) batches) or step_fn')
+    if (eval_every or best_metric or patience) and evaluate is None:
+        raise ValueError('eval_every / best_metric / patience need an evaluate callback')
+    if patience and not best_metric:
+        raise ValueError('early stopping (patience) needs best_metric')
+    if best_mode not in ('max', 'min'):
+        raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
     out_dir = Path(out_dir)
-    counter = StepCounter()
-    accelerator.register_for_checkpointing(counter)
+    state = TrainState()
+    accelerator.register_for_checkpointing(state)
     if scheduler is not None:
         accelerator.register_for_checkpointing(scheduler)
     if ema is not None:
@@ -213,21 +231,42 @@ def fit(
     if resume:
         path = latest_checkpoint(out_dir)
         if path is not None:
-            accelerator.load_state(str(path))
-            accelerator.print(f'resumed from {path} at update {counter.update}')
+            load_checkpoint(accelerator, path)
+            accelerator.print(f'resumed from {path} at update {state.update}')
 
     micro_per_epoch = epoch_length or len(train_loader)  # type: ignore[arg-type]
     if micro_per_epoch < 1:
         raise ValueError('the training loader is empty')
-    if step_fn is None and loss_fn is None:
-        raise ValueError('fit() needs loss_fn (for (images, targets) batches) or step_fn')
-    progress = tqdm(total=total_updates, initial=counter.update, disable=not accelerator.is_main_process,
+    progress = tqdm(total=total_updates, initial=state.update, disable=not accelerator.is_main_process,
                     desc='train', dynamic_ncols=True)
+    loss_sum = torch.zeros((), device=accelerator.device)
+    losses_summed = 0
     last_loss = math.nan
+    stopped_early = False
+
+    def run_evaluation() -> bool:
+        """Evaluate, track the best value; True when patience is exhausted."""
+        with preserved_rng():
+            metrics = evaluate()
+        model.train()
+        if logger is not None:
+            logger.log(event='eval', update=state.update, **metrics)
+        if not best_metric:
+            return False
+        if best_metric not in metrics:
+            raise KeyError(f'best metric {best_metric!r} is not among the evaluation metrics {sorted(metrics)}')
+        value = float(metrics[best_metric])
+        if _improved(value, state.best_value, best_mode):
+            state.best_value, state.best_update, state.evals_since_best = value, state.update, 0
+            save_best(accelerator, model, out_dir, state.update, metrics)
+            return False
+        state.evals_since_best += 1
+        return bool(patience) and state.evals_since_best >= patience
+
     model.train()
-    done = counter.update >= total_updates
+    done = state.update >= total_updates or (bool(patience) and state.evals_since_best >= patience)
     while not done:
-        epoch, offset = divmod(counter.micro_step, micro_per_epoch)
+        epoch, offset = divmod(state.micro_step, micro_per_epoch)
         if hasattr(train_loader, 'set_epoch'):
             train_loader.set_epoch(epoch)  # the sampler's per-epoch seed
         if hasattr(getattr(train_loader, 'dataset', None), 'set_epoch'):
@@ -235,9 +274,8 @@ def fit(
         loader = accelerator.skip_first_batches(train_loader, offset) if offset else train_loader
         # creating a loader iterator draws a worker base seed from the global RNG; keep that draw out
         # of the model's RNG stream so a resumed run (one extra iterator) matches an uninterrupted one
-        rng = torch.get_rng_state()
-        batches = iter(loader)
-        torch.set_rng_state(rng)
+        with preserved_rng():
+            batches = iter(loader)
         seen = 0
         for batch in batches:
             if step_fn is None:
@@ -249,34 +287,38 @@ def fit(
                 batch = send_to_device(batch, accelerator.device)
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    if step_fn is None:
-                        loss = loss_fn(model(images), targets)
-                    else:
-                        loss = step_fn(model, batch)
+                    loss = loss_fn(model(images), targets) if step_fn is None else step_fn(model, batch)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and clip_grad:
                     accelerator.clip_grad_norm_(model.parameters(), clip_grad)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            counter.micro_step += 1
+            state.micro_step += 1
             seen += 1
+            loss_sum += loss.detach().float()
+            losses_summed += 1
             if not accelerator.sync_gradients:
                 continue
-            counter.update += 1
+            state.update += 1
             if scheduler is not None:
-                scheduler.step_update(num_updates=counter.update)
+                scheduler.step_update(num_updates=state.update)
             if ema is not None:
-                ema.update(accelerator.unwrap_model(model), step=counter.update)
-            last_loss = accelerator.gather(loss.detach()[None]).float().mean().item()
+                ema.update(accelerator.unwrap_model(model), step=state.update)
             progress.update(1)
-            progress.set_postfix(loss=f'{last_loss:.4f}')
-            if logger is not None and (counter.update % log_every == 0 or counter.update == total_updates):
-                logger.log(event='train', update=counter.update, epoch=epoch, loss=last_loss,
-                           lr=optimizer.param_groups[0]['lr'])
-            at_end = counter.update >= total_updates
-            stopping = stop_after is not None and counter.update >= stop_after
-            if at_end or stopping or (checkpoint_every and counter.update % checkpoint_every == 0):
-                save_checkpoint(accelerator, out_dir, counter.update)
+            at_end = state.update >= total_updates
+            if state.update % log_every == 0 or at_end:
+                last_loss = accelerator.gather((loss_sum / max(1, losses_summed))[None]).float().mean().item()
+                loss_sum.zero_()
+                losses_summed = 0
+                progress.set_postfix(loss=f'{last_loss:.4f}')
+                if logger is not None:
+                    logger.log(event='train', update=state.update, epoch=epoch, loss=last_loss,
+                               lr=optimizer.param_groups[0]['lr'])
+            if evaluate is not None and ((eval_every and state.update % eval_every == 0) or at_end):
+                stopped_early = run_evaluation() and not at_end
+            stopping = stopped_early or (stop_after is not None and state.update >= stop_after)
+            if at_end or stopping or (checkpoint_every and state.update % checkpoint_every == 0):
+                save_checkpoint(accelerator, out_dir, state.update)
             if at_end or stopping:
                 done = True
                 break
@@ -286,7 +328,10 @@ def fit(
             if seen == 0:
                 raise ValueError(f'the training loader yielded no batch in epoch {epoch}')
     progress.close()
-    return {'updates': counter.update, 'last_loss': last_loss, 'checkpoint': latest_checkpoint(out_dir)}
+    if stopped_early and logger is not None:
+        logger.log(event='early_stop', update=state.update, best_update=state.best_update, best_value=state.best_value)
+    return {'updates': state.update, 'last_loss': last_loss, 'checkpoint': latest_checkpoint(out_dir),
+            'best_value': state.best_value, 'best_update': state.best_update, 'stopped_early': stopped_early}
 
 
 @torch.no_grad()
@@ -300,10 +345,9 @@ def evaluate_classifier(model: nn.Module, loader: Iterable, accelerator: Acceler
         with accelerator.autocast():
             logits = model(images)
         logits, targets = accelerator.gather_for_metrics((logits.float(), targets))
-        k = min(5, logits.shape[1])
-        top = logits.topk(k, dim=1).indices
-        correct1 += (top[:, 0] == targets).sum().item()
-        correct5 += (top == targets[:, None]).any(dim=1).sum().item()
+        top1, top5 = accuracy(logits, targets, topk=(1, 5))
+        correct1 += round(top1.item() * targets.numel() / 100.0)
+        correct5 += round(top5.item() * targets.numel() / 100.0)
         loss_sum += nn.functional.cross_entropy(logits, targets, reduction='sum').item()
         total += targets.numel()
     if total == 0:

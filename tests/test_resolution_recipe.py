@@ -14,6 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from recipes import resolution_extrapolation as recipe
+from recipes.checkpoints import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = json.dumps(dict(embed_dim=64, depth=1, num_heads=1, patch_size=8))
@@ -92,8 +93,8 @@ def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
     recipe.main(_train_args(killed, str(image_folder), *common, '--stop-after', '5'))
     assert json.loads((killed / 'latest.json').read_text())['step'] == 5
     recipe.main(_train_args(killed, str(image_folder), *common, '--resume'))
-    a = load_file(str(recipe.latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(recipe.latest_checkpoint(killed) / 'model.safetensors'))
+    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
+    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
@@ -102,7 +103,7 @@ def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
 def test_webdataset_shards_train_and_eval(wds_folder, tmp_path):
     run = tmp_path / 'wds_run'
     recipe.main(_train_args(run, f'wds:{wds_folder}', '--updates', '3', '--num-classes', '3'))
-    assert (recipe.latest_checkpoint(run) / 'model.safetensors').exists()
+    assert (latest_checkpoint(run) / 'model.safetensors').exists()
     out = tmp_path / 'wds_eval'
     recipe.main(['eval', str(run), '--data', f'wds:{wds_folder}', '--num-classes', '3', '--eval-res', '32', '48',
                  '--out', str(out), '--batch-size', '3', '--cpu'])
@@ -116,13 +117,14 @@ def test_two_process_accelerate_launch_keeps_parameters_in_sync(image_folder, tm
 import sys, torch
 sys.path.insert(0, {str(ROOT)!r})
 from recipes import resolution_extrapolation as recipe
+from recipes.checkpoints import latest_checkpoint
 from accelerate import PartialState
 recipe.main({_train_args(tmp_path / 'ddp', str(image_folder), '--updates', '3')!r})
 state = PartialState()
 from safetensors.torch import load_file
 model = recipe.build_model('vit_tiny_patch16_goat_224', dict(num_classes=3, img_size=(32, 32), embed_dim=64,
                            depth=1, num_heads=1, patch_size=8))
-model.load_state_dict(load_file(str(recipe.latest_checkpoint({str(tmp_path / 'ddp')!r}) / 'model.safetensors')))
+model.load_state_dict(load_file(str(latest_checkpoint({str(tmp_path / 'ddp')!r}) / 'model.safetensors')))
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = [torch.zeros_like(flat) for _ in range(state.num_processes)]
 torch.distributed.all_gather(gathered, flat)
@@ -140,7 +142,7 @@ state.destroy_process_group()  # join gloo's threads before exit (else an exit-t
     assert result.stdout.count('IN_SYNC') == 2
 
 
-def test_clear_errors(image_folder, tmp_path):
+def test_clear_errors(image_folder, wds_folder, tmp_path):
     with pytest.raises(FileNotFoundError, match='does not exist'):
         recipe.main(_train_args(tmp_path / 'r', str(tmp_path / 'nowhere'), '--updates', '1'))
     empty = tmp_path / 'empty_class'
@@ -159,6 +161,15 @@ def test_clear_errors(image_folder, tmp_path):
     (broken / 'train' / 'b' / '2.jpg').write_bytes(b'not a jpeg at all')
     with pytest.raises(ValueError, match=r'cannot read image .*train/b/2.jpg'):
         recipe.main(_train_args(tmp_path / 'r2', str(broken), '--updates', '4', '--batch-size', '8'))
+    # webdataset folders are checked before training starts (nothing is written)
+    no_shards = tmp_path / 'no_shards'
+    no_shards.mkdir()
+    with pytest.raises(ValueError, match=r'webdataset folder .*no_shards holds no .tar shards'):
+        recipe.main(_train_args(tmp_path / 'w1', f'wds:{no_shards}', '--updates', '1', '--num-classes', '3'))
+    with pytest.raises(ValueError, match=r"webdataset folder .* has no split 'val': _info.json names splits"):
+        recipe.main(_train_args(tmp_path / 'w2', f'wds:{wds_folder}', '--updates', '1', '--num-classes', '3',
+                                '--train-split', 'val'))
+    assert not (tmp_path / 'w1').exists() and not (tmp_path / 'w2').exists()
     with pytest.raises(ValueError, match=r'resolution 36 is not divisible by the patch size 8x8'):
         recipe.main(['eval', 'vit_tiny_patch16_goat_224', '--data', str(image_folder), '--size-overrides', TINY,
                      '--num-classes', '3', '--eval-res', '32', '36', '--out', str(tmp_path / 'e'), '--cpu'])

@@ -1,4 +1,4 @@
-"""recipes.builtin_scenes: the built-in spatial-relation dataset.
+"""recipes.data.builtin_scenes: the built-in spatial-relation dataset.
 
 The class rules are re-checked here from the scene parameters with geometry written independently of the
 generator (sizes, circumradii and inradii derived from each kind's area; tolerances slightly looser than
@@ -7,17 +7,21 @@ Resolution consistency: an area-downsampled 128 px rendering must match the 32 p
 absolute difference < 0.01 per image (observed ~0.001).
 """
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from itertools import combinations, permutations
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
+from recipes.data.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
 
 NUM_CLASSES = len(CLASSES)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------------- independent geometry
@@ -346,3 +350,13 @@ def test_cli_help_and_grid(tmp_path, capsys):
     out = tmp_path / 'grid.png'
     main(['--out', str(out), '--resolution', '16', '24', '--per-class', '1', '--task', 'clock'])
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_cli_runs_as_a_module(tmp_path):
+    """``python -m recipes.data.builtin_scenes`` (warnings as errors: the package must not import it first)."""
+    out = tmp_path / 'grid.png'
+    cmd = [sys.executable, '-W', 'error::RuntimeWarning', '-m', 'recipes.data.builtin_scenes', '--out', str(out),
+           '--resolution', '16', '--per-class', '1', '--task', 'clock']
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f'saved {out}' in result.stdout and out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -1,0 +1,11 @@
+"""Data for the recipes: each module reads or makes one kind of data and is tested on its own.
+
+- ``image_pools``: labelled 32x32 image pools (CIFAR-10 python batches, an ``.npz``, built-in images).
+- ``vqa_scenes``: spatial-VQA scenes of four pool images, scan orders, questions, ``build_sets``.
+- ``image_folders``: ImageNet-style class folders (``StrictImages``) and webdataset folder checks.
+- ``builtin_scenes``: spatial-relation scenes rendered at any resolution (``python -m
+  recipes.data.builtin_scenes`` saves a grid of them).
+
+Import from the modules (``from recipes.data.image_pools import load_pools``); this package imports none
+of them by itself.
+"""

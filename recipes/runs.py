@@ -1,0 +1,147 @@
+"""Run folders: the guard before a run starts, its stored settings, and loading a finished run.
+
+Order of a training command: the flags are validated (``cli.py``), then :class:`RunFolder` checks the
+folder (a new run needs a folder without a run, ``--resume`` one with a run), the recipe builds its data
+and model (nothing written yet), and :meth:`RunFolder.commit` either writes ``config.json`` (new run)
+or compares it with the stored one (``--resume``): any difference outside the keys the recipe allows
+to change is an error listing the keys, and the folder is left untouched.
+"""
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from .cli import check_unique
+from .checkpoints import LATEST, CheckpointError, latest_checkpoint, load_weights, read_json, write_json_atomic
+
+CONFIG = 'config.json'
+# flags that never change what a run computes: a resumed run may use other values
+RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every', 'cpu')
+# flags that describe a command, not one run (a sweep's lists, the output root), or that the config
+# stores on its own (the model / method and the seed of the run)
+COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed')
+
+
+def run_settings(args: Any, **extra: Any) -> Dict[str, Any]:
+    """The flags that define one run (JSON-safe), plus ``extra`` (e.g. the model name and seed)."""
+    flags = {k: v for k, v in vars(args).items() if k not in COMMAND_FLAGS and not callable(v)}
+    return to_json(dict(flags, **extra))
+
+
+def to_json(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(value))
+
+
+def _flatten(value: Any, prefix: str = '') -> Dict[str, Any]:
+    if isinstance(value, dict):
+        out: Dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f'{prefix}.{key}' if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def config_differences(stored: Dict[str, Any], new: Dict[str, Any], may_change: Iterable[str] = ()) -> List[str]:
+    """Dotted keys whose values differ between two configs, ignoring keys whose last part is in ``may_change``."""
+    allowed = set(RESUMABLE_FLAGS) | set(may_change)
+    a, b = _flatten(to_json(stored)), _flatten(to_json(new))
+    return sorted(k for k in set(a) | set(b) if k.split('.')[-1] not in allowed and a.get(k, '<absent>') != b.get(k, '<absent>'))
+
+
+def holds_run(folder: Path) -> bool:
+    folder = Path(folder)
+    return (folder / CONFIG).exists() or (folder / LATEST).exists()
+
+
+class RunFolder:
+    """Guard of one run's folder; construct it before building data or model.
+
+    Args:
+        path: The run folder.
+        resume: ``--resume``: the folder must hold a run, whose settings the new ones must match.
+    """
+
+    def __init__(self, path: Path, resume: bool) -> None:
+        self.path = Path(path)
+        self.resume = resume
+        if resume and not (self.path / CONFIG).is_file():
+            raise FileNotFoundError(f'--resume: {self.path} holds no run (no {CONFIG}); check the folder name, '
+                                    f'or drop --resume to start a new run')
+        if not resume and holds_run(self.path):
+            raise FileExistsError(f'{self.path} already holds a run ({CONFIG}); pass --resume to continue it '
+                                  f'or choose another --out')
+        if resume:
+            self.stored = read_json(self.path / CONFIG, 'run config')
+            latest_checkpoint(self.path)  # a damaged pointer or checkpoint fails now, before any work
+
+    def commit(self, config: Dict[str, Any], may_change: Sequence[str] = (), write: bool = True) -> None:
+        """New run: write ``config.json``. Resume: refuse any difference outside ``may_change``; write nothing.
+
+        ``write`` is False on the non-main processes of a launched run.
+        """
+        if self.resume:
+            diff = config_differences(self.stored, config, may_change)
+            if diff:
+                flat_old, flat_new = _flatten(to_json(self.stored)), _flatten(to_json(config))
+                details = '; '.join(f'{k}: {flat_old.get(k, "<absent>")!r} -> {flat_new.get(k, "<absent>")!r}'
+                                    for k in diff)
+                raise ValueError(f'--resume: the settings differ from those of the run in {self.path} ({details}). '
+                                 f'Resume with the stored settings ({self.path / CONFIG}) or start a new run '
+                                 f'with another --out')
+            return
+        if write:
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path / CONFIG, to_json(config))
+
+
+class FinishedRun(NamedTuple):
+    """A trained run loaded for evaluation."""
+    run_dir: Path
+    config: Dict[str, Any]
+    checkpoint: Path
+    state_dict: Dict[str, torch.Tensor]
+
+
+def load_finished_run(source: Path, kind: str) -> FinishedRun:
+    """A run folder (its latest checkpoint), a checkpoint folder or a run's ``best`` folder, verified.
+
+    Args:
+        source: The folder.
+        kind: The recipe's name for messages (e.g. 'spatial_vqa').
+    """
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f'{source} does not exist (expected a {kind} run or checkpoint folder)')
+    run_dir = source if (source / CONFIG).exists() else source.parent
+    if not (run_dir / CONFIG).exists():
+        raise FileNotFoundError(f'{source}: no {CONFIG} in it or its parent (expected a {kind} run or checkpoint folder)')
+    config = read_json(run_dir / CONFIG, 'run config')
+    checkpoint = latest_checkpoint(source) if source == run_dir else source
+    if checkpoint is None:
+        raise FileNotFoundError(f'{source}: no trained weights ({LATEST} missing); train it first')
+    return FinishedRun(run_dir, config, checkpoint, load_weights(checkpoint))
+
+
+def sweep_folders(out: Path, names: Sequence[str], seeds: Sequence[int], resume: bool,
+                  flag: str = '--models') -> List[Tuple[str, int, Path]]:
+    """(name, seed, run folder) for every pair, checked up front: no duplicates; without ``--resume``
+    no folder may hold a run yet (all offenders listed before anything trains)."""
+    check_unique(flag, names)
+    check_unique('--seeds', seeds)
+    runs = [(name, seed, Path(out) / name / f'seed{seed}') for name in names for seed in seeds]
+    taken = [str(path) for _, _, path in runs if holds_run(path)]
+    if taken and not resume:
+        raise FileExistsError(f'{len(taken)} run folder(s) already hold a run ({", ".join(taken)}); pass --resume '
+                              f'to continue them or choose another --out')
+    return runs
+
+
+def resume_flag(resume: bool, run_dir: Path) -> bool:
+    """In a sweep with ``--resume``, a run that never started starts fresh."""
+    return resume and holds_run(run_dir)
+
+
+__all__ = ['CONFIG', 'CheckpointError', 'FinishedRun', 'RunFolder', 'config_differences', 'holds_run',
+           'load_finished_run', 'resume_flag', 'run_settings', 'sweep_folders', 'to_json']

@@ -1,0 +1,272 @@
+"""The shared recipe layer: argument checks, run-folder guard, resume settings, verified checkpoints,
+evaluation / best checkpoint / early stopping, sweeps. Each fault-injection test damages or misuses a
+tiny run and asserts the error and that the run folder is byte-for-byte unchanged."""
+import json
+import re
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+
+from recipes import spatial_vqa
+from recipes import resolution_extrapolation
+from recipes.checkpoints import CheckpointError, latest_checkpoint, verify_checkpoint
+from recipes.cli import check_amp
+from recipes.report import format_cell, markdown_table, mean_std
+from recipes.runs import config_differences
+
+TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size', '16',
+        '--synthetic-per-class', '6', '3', '--train-scenes', '32', '--test-scenes', '8', '--batch-size', '8',
+        '--cpu', '--threads', '1']
+
+
+def snapshot(folder: Path) -> Dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (empty when the folder does not exist)."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def train(out: Path, *extra: str, method: str = 'goat'):
+    return spatial_vqa.main(['train', '--method', method, '--out', str(out), '--updates', '4',
+                             '--checkpoint-every', '2', *TINY, *extra])
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory) -> Path:
+    """A tiny run with checkpoints at updates 2 and 4 (both kept)."""
+    out = tmp_path_factory.mktemp('run') / 'run'
+    train(out)
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    import shutil
+    copy = tmp_path / 'run'
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+# ------------------------------------------------------------------------------- argument checks
+
+@pytest.mark.parametrize('flag, value, message', [
+    ('--batch-size', '0', 'must be an integer >= 1'),
+    ('--lr', '-1', 'must be a number > 0'),
+    ('--lr', 'nan', 'must be a number > 0'),
+    ('--grad-accum', '0', 'must be an integer >= 1'),
+    ('--updates', '-1', 'must be an integer >= 0'),
+    ('--warmup-frac', '5', 'must be a number >= 0 and < 1'),
+    ('--checkpoint-every', '-1', 'must be an integer >= 0'),
+    ('--threads', '-1', 'must be an integer >= 0'),
+    ('--num-workers', '-2', 'must be an integer >= 0'),
+])
+def test_bad_values_stop_at_parse_time_naming_the_flag(tmp_path, capsys, flag, value, message):
+    out = tmp_path / 'run'
+    with pytest.raises(SystemExit):
+        train(out, flag, value)
+    err = capsys.readouterr().err
+    assert f'argument {flag}' in err and message in err and repr(value) in err
+    assert not out.exists()
+
+
+def test_bad_combinations_are_errors_before_anything_is_written(tmp_path):
+    out = tmp_path / 'run'
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match='--amp fp16 needs a CUDA GPU'):
+            train(out, '--amp', 'fp16')
+    with pytest.raises(ValueError, match='--amp fp16 needs a CUDA GPU'):
+        check_amp('fp16', cpu=True)
+    with pytest.raises(ValueError, match='--patience needs --eval-every'):
+        train(out, '--patience', '2')
+    with pytest.raises(ValueError, match='--stop-after 9 is beyond --updates 4'):
+        train(out, '--stop-after', '9')
+    assert not out.exists()
+
+
+def test_resolution_recipe_shares_the_checks(tmp_path, capsys):
+    out = tmp_path / 'run'
+    with pytest.raises(SystemExit):
+        resolution_extrapolation.main(['train', '--out', str(out), '--batch-size', '0'])
+    assert "argument --batch-size: must be an integer >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        resolution_extrapolation.main(['train', '--out', str(out), '--warmup-frac', '5'])
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------- resume guard
+
+def test_resume_with_other_settings_is_refused_and_changes_nothing(run_copy):
+    before = snapshot(run_copy)
+    with pytest.raises(ValueError, match=r"settings differ .*method: 'goat' -> 'pope'"):
+        train(run_copy, '--resume', method='pope')
+    with pytest.raises(ValueError, match=r'settings differ .*lr: 0\.001 -> 0\.5'):
+        train(run_copy, '--resume', '--lr', '0.5')
+    with pytest.raises(ValueError, match=r'settings differ .*embed_dim'):
+        spatial_vqa.main(['train', '--method', 'goat', '--out', str(run_copy), '--updates', '4', '--resume',
+                          *[t if t != '32' else '48' for t in TINY]])
+    assert snapshot(run_copy) == before
+
+
+def test_resume_may_change_the_whitelisted_flags(run_copy):
+    before = snapshot(run_copy)
+    train(run_copy, '--resume', '--num-workers', '0', '--log-every', '3', '--threads', '1')
+    after = snapshot(run_copy)
+    # a finished run: nothing to train, config and checkpoints untouched; the log records the resumed start
+    assert after.pop('log.jsonl').startswith(before.pop('log.jsonl'))
+    assert after == before
+
+
+def test_resume_on_a_folder_without_a_run_is_an_error(tmp_path):
+    missing = tmp_path / 'mistyped'
+    with pytest.raises(FileNotFoundError, match=r'--resume: .*mistyped holds no run'):
+        train(missing, '--resume')
+    assert not missing.exists()
+
+
+def test_new_run_into_a_run_folder_is_refused(run_copy):
+    before = snapshot(run_copy)
+    with pytest.raises(FileExistsError, match=r'already holds a run .* --resume'):
+        train(run_copy)
+    assert snapshot(run_copy) == before
+
+
+# ------------------------------------------------------------------------------ damaged checkpoints
+
+@pytest.mark.parametrize('victim', ['model.safetensors', 'optimizer.bin', 'random_states_0.pkl', 'manifest.json'])
+def test_damaged_checkpoint_file_is_named_and_the_older_one_offered(run_copy, victim):
+    latest = latest_checkpoint(run_copy)
+    path = latest / victim
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    before = snapshot(run_copy)
+    with pytest.raises(CheckpointError) as info:
+        train(run_copy, '--resume')
+    message = str(info.value)
+    assert str(latest) in message and 'checkpoint-00000002 is intact' in message
+    assert snapshot(run_copy) == before
+    with pytest.raises(CheckpointError, match=re.escape(str(latest))):
+        spatial_vqa.main(['eval', str(run_copy), '--out', str(run_copy.parent / 'eval'), '--cpu'])
+    assert not (run_copy.parent / 'eval').exists()
+
+
+def test_following_the_hint_resumes_from_the_older_checkpoint(run_copy):
+    latest = latest_checkpoint(run_copy)
+    (latest / 'optimizer.bin').write_bytes(b'garbage')
+    pointer = run_copy / 'latest.json'
+    pointer.write_text(json.dumps({'checkpoint': 'checkpoint-00000002'}))
+    train(run_copy, '--resume')
+    verify_checkpoint(latest_checkpoint(run_copy))
+    assert latest_checkpoint(run_copy).name == 'checkpoint-00000004'
+
+
+def test_damaged_pointer_and_missing_rng_state_are_errors(run_copy):
+    latest = latest_checkpoint(run_copy)
+    pointer = run_copy / 'latest.json'
+    original = pointer.read_text()
+    pointer.write_text('{"checkpoint": ')
+    before = snapshot(run_copy)
+    with pytest.raises(CheckpointError, match=r'checkpoint pointer .*latest.json is damaged'):
+        train(run_copy, '--resume')
+    assert snapshot(run_copy) == before
+    pointer.write_text(original)
+    (latest / 'random_states_0.pkl').unlink()
+    with pytest.raises(CheckpointError, match=r'random_states_0.pkl is missing'):
+        train(run_copy, '--resume')
+
+
+def test_rng_state_that_cannot_be_restored_is_an_error(run_copy, monkeypatch):
+    """Even where the manifest is rewritten to match (a deliberate edit), unreadable RNG state fails loudly."""
+    from recipes.checkpoints import write_manifest
+    latest = latest_checkpoint(run_copy)
+    (latest / 'random_states_0.pkl').write_bytes(b'\x80\x04not a pickle')
+    write_manifest(latest)
+    (run_copy / 'latest.json').write_text(json.dumps({'checkpoint': latest.name}))
+    with pytest.raises(CheckpointError, match=r'RNG state .*random_states_0.pkl cannot be restored'):
+        train(run_copy, '--resume', '--updates', '4')
+
+
+# ------------------------------------------------------------------- evaluation, best, early stop
+
+def test_eval_every_evaluates_validation_scenes_and_keeps_the_best_weights(tmp_path):
+    out = tmp_path / 'run'
+    spatial_vqa.main(['train', '--method', 'nope', '--out', str(out), '--updates', '6', '--eval-every', '2',
+                      '--patience', '3', *TINY])
+    events = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
+    evals = [e for e in events if e['event'] == 'eval']
+    assert evals and all('acc' in e and 'nll' in e for e in evals)
+    best = json.loads((out / 'best' / 'metrics.json').read_text())
+    assert best['nll'] == min(e['nll'] for e in evals)
+    verify_checkpoint(out / 'best')
+    rows = spatial_vqa.main(['eval', str(out / 'best'), '--out', str(tmp_path / 'eval'), '--cpu'])['rows']
+    assert rows[0]['method'] == 'nope'
+
+
+def test_training_loss_is_read_back_only_at_the_log_interval(tmp_path):
+    out = tmp_path / 'run'
+    train(out, '--log-every', '2')
+    losses = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
+    assert [e['update'] for e in losses if e['event'] == 'train'] == [2, 4]
+
+
+# ----------------------------------------------------------------------------------------- sweeps
+
+def test_compare_rejects_duplicates_and_taken_folders_up_front(tmp_path):
+    out = tmp_path / 'cmp'
+    with pytest.raises(ValueError, match='--methods lists goat more than once'):
+        spatial_vqa.main(['compare', '--methods', 'goat', 'nope', 'goat', '--out', str(out), '--updates', '1', *TINY])
+    with pytest.raises(ValueError, match='--seeds lists 1 more than once'):
+        spatial_vqa.main(['compare', '--methods', 'goat', '--seeds', '1', '1', '--out', str(out), '--updates', '1',
+                          *TINY])
+    assert not out.exists()
+    train(out / 'nope' / 'seed0')
+    before = snapshot(out)
+    with pytest.raises(FileExistsError, match=r'1 run folder\(s\) already hold a run'):
+        spatial_vqa.main(['compare', '--methods', 'goat', 'nope', '--out', str(out), '--updates', '4', *TINY])
+    assert snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def test_config_differences_and_report_helpers():
+    stored = {'lr': 1e-3, 'model': {'depth': 2, 'dims': [1, 2]}, 'stop_after': 3}
+    assert config_differences(stored, {'lr': 1e-3, 'model': {'depth': 2, 'dims': (1, 2)}, 'stop_after': 9}) == []
+    assert config_differences(stored, {'lr': 1e-3, 'model': {'depth': 3, 'dims': [1, 2]}}) == ['model.depth']
+    assert config_differences(stored, {'lr': 1e-3, 'model': {'depth': 2}}, may_change=['dims']) == []
+    cell = mean_std([1.0, 3.0])
+    assert cell == {'mean': 2.0, 'std': pytest.approx(2 ** 0.5), 'n': 2}
+    assert format_cell(cell) == '2.00 ± 1.41' and format_cell(mean_std([5])) == '5.00'
+    assert markdown_table(['a', 'b'], [[1, 2]]) == '| a | b |\n|---|---|\n| 1 | 2 |'
+    with pytest.raises(ValueError):
+        mean_std([])
+
+
+def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_path):
+    """A scripted validation metric: best at the 2nd evaluation, then two worse ones -> stop (patience 2)."""
+    from torch.utils.data import TensorDataset
+    from recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
+    from recipes.checkpoints import load_weights
+
+    scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1, 0.1])
+    snapshots = {}
+    accelerator = make_accelerator(0, cpu=True)
+    model = torch.nn.Linear(3, 2)
+    data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = train_loader(data, 8, seed=0)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def evaluate():
+        snapshots[len(snapshots) + 1] = {k: v.clone() for k, v in model.state_dict().items()}
+        return {'loss': next(scripted)}
+
+    result = fit(accelerator, model, optimizer, cosine_schedule(optimizer, 0.1, 40, 0.0), loader,
+                 torch.nn.functional.cross_entropy, 40, tmp_path, eval_every=3, evaluate=evaluate,
+                 best_metric='loss', best_mode='min', patience=2)
+    assert result['stopped_early'] and result['updates'] == 12
+    assert result['best_update'] == 6 and result['best_value'] == 0.4
+    best = load_weights(tmp_path / 'best')
+    assert all(torch.equal(best[k], snapshots[2][k]) for k in best)
+    assert json.loads((tmp_path / 'best' / 'metrics.json').read_text()) == {'update': 6, 'loss': 0.4}
+    with pytest.raises(ValueError, match=r'early stopping \(patience\) needs best_metric'):
+        fit(accelerator, model, optimizer, None, loader, torch.nn.functional.cross_entropy, 1, tmp_path / 'x',
+            evaluate=evaluate, patience=1)
