@@ -8,7 +8,7 @@ CPU thread count and dispatches.
 """
 import argparse
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -52,6 +52,21 @@ nonnegative_float = _number(float, 0)
 unit_fraction = _number(float, 0, 1, high_open=True)        # [0, 1)
 open_fraction = _number(float, 0, 1, low_open=True, high_open=True)  # (0, 1)
 probability = _number(float, 0, 1)                            # [0, 1]
+
+
+# ----------------------------------------------------------------------------------------- parser
+
+def command_parser(prog: str, description: str) -> Tuple[argparse.ArgumentParser, Callable[..., argparse.ArgumentParser]]:
+    """A recipe's parser (its module docstring as description) and ``add_command(name, help)`` for its
+    sub-commands (each shows its defaults in ``--help``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest='command', required=True)
+
+    def add_command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    return parser, add_command
 
 
 # ----------------------------------------------------------------------------------------- groups

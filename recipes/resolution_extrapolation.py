@@ -138,23 +138,20 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='python -m recipes.resolution_extrapolation', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest='command', required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = sub.add_parser('train', help='train one model', formatter_class=fmt)
+    parser, add_command = cli.command_parser('python -m recipes.resolution_extrapolation', __doc__)
+    p = add_command('train', 'train one model')
     p.add_argument('--model', default='vit_tiny_patch16_goat_224', help='any timm-registered model name')
     add_training_args(p, sweep=False)
-    p = sub.add_parser('eval', help='evaluate checkpoints / models at several resolutions', formatter_class=fmt)
+    p = add_command('eval', 'evaluate checkpoints / models at several resolutions')
     p.add_argument('sources', nargs='+', help='run folders, checkpoint folders (incl. RUN/best) or model names')
     p.add_argument('--out', default='outputs/resolution_extrapolation/eval', help='folder for the table, JSON and plot')
     add_data_args(p)
     add_model_args(p)
     cli.add_device_flags(p, batch_size=64)
-    p = sub.add_parser('compare', help='train + eval several models over seeds', formatter_class=fmt)
+    p = add_command('compare', 'train + eval several models over seeds')
     p.add_argument('--models', nargs='+', default=DEFAULT_MODELS, help='timm-registered model names')
     add_training_args(p, sweep=True)
-    p = sub.add_parser('analyze', help='plot the learned GOAT prior, print spectral statistics', formatter_class=fmt)
+    p = add_command('analyze', 'plot the learned GOAT prior, print spectral statistics')
     p.add_argument('checkpoint', help='run or checkpoint folder of a GOAT model')
     p.add_argument('--out', default='outputs/resolution_extrapolation/analysis', help='folder for the plot and JSON')
     p.add_argument('--layers', type=cli.nonnegative_int, nargs='*', default=None, help='layers to plot (default: first, last)')

@@ -169,20 +169,17 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='python -m recipes.spatial_vqa', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest='command', required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = sub.add_parser('train', help='train one positional method', formatter_class=fmt)
+    parser, add_command = cli.command_parser('python -m recipes.spatial_vqa', __doc__)
+    p = add_command('train', 'train one positional method')
     p.add_argument('--method', choices=POS_METHODS, default='goat', help='how position enters attention')
     add_training_args(p, sweep=False)
-    p = sub.add_parser('eval', help='evaluate run folders on seen and unseen scan orders', formatter_class=fmt)
+    p = add_command('eval', 'evaluate run folders on seen and unseen scan orders')
     p.add_argument('runs', nargs='+', help='run folders, their checkpoint folders or their best/ folders')
     p.add_argument('--out', default='outputs/spatial_vqa/eval', help='folder for results.json and the plot')
     p.add_argument('--data', default=None, help="override the run's data source (CIFAR folder or .npz)")
     p.add_argument('--test-scenes', type=cli.positive_int, default=None, help="override the run's number of test scenes")
     cli.add_device_flags(p, batch_size=64)
-    p = sub.add_parser('compare', help='train + eval several methods over seeds', formatter_class=fmt)
+    p = add_command('compare', 'train + eval several methods over seeds')
     p.add_argument('--methods', nargs='+', choices=POS_METHODS, default=list(POS_METHODS))
     add_training_args(p, sweep=True)
     return parser

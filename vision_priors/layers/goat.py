@@ -33,6 +33,8 @@ torch.fx.wrap('resolve_token_coords')
 __all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim']
 
 PRIOR_INITS = ('zero', 'random', 'alibi')
+# the 'alibi' cosine fit must stay within this share of m * extent of the ALiBi line and be monotone
+ALIBI_FIT_TOLERANCE = 0.25
 
 
 def goat_positional_dim(num_modes: int, num_spatial_dims: int) -> int:
@@ -162,7 +164,9 @@ class GoatPrior(nn.Module):
                     # causal: -m (i - j) = m j - m i, and -m i is a row constant (Appendix G.3)
                     self.key_slope.copy_(slopes.float())
                 else:
-                    self.alpha.copy_(self._fit_symmetric_decay(slopes).float())
+                    alpha = self._fit_symmetric_decay(slopes)
+                    self._check_alibi_fit(alpha, slopes)
+                    self.alpha.copy_(alpha.float())
 
     def init_weights(self) -> None:
         """timm's ViT init hook: re-apply our init after timm re-initialises the MLP's Linear layers."""
@@ -187,6 +191,28 @@ class GoatPrior(nn.Module):
             solution = torch.linalg.solve(basis.T @ basis + ridge, basis.T @ targets)  # (R + 1, H)
             alpha[:, axis] = solution[:-1].T / self.num_spatial_dims
         return alpha
+
+    def alibi_fit_curves(self, alpha: Tensor) -> Tuple[Tensor, Tensor]:
+        """(lags 0..extent, per-axis prior sum_r alpha_{h,a,r} cos(w_{a,r} d) - its value at d = 0: (H, D, n))."""
+        cpu = torch.device('cpu')
+        lags = torch.arange(0, self.alibi_extent + 1, dtype=torch.float64, device=cpu)
+        freqs = self.frequencies(torch.float64, cpu).detach().to(cpu)  # (D, R)
+        curves = (alpha.to(torch.float64)[..., None] * torch.cos(freqs[None, :, :, None] * lags)).sum(2)
+        return lags, curves - curves[..., :1]
+
+    def _check_alibi_fit(self, alpha: Tensor, slopes: Tensor) -> None:
+        """Refuse an 'alibi' fit that is not ALiBi-shaped (not monotone, or off the line by too much)."""
+        lags, curves = self.alibi_fit_curves(alpha)
+        target = -slopes[:, None, None] * lags / self.num_spatial_dims
+        scale = slopes[:, None] * self.alibi_extent / self.num_spatial_dims
+        error = ((curves - target).abs().amax(-1) / scale).max().item()
+        monotone = bool((curves[..., 1:] <= curves[..., :-1] + 1e-12).all())
+        if not monotone or error > ALIBI_FIT_TOLERANCE:
+            raise ValueError(
+                f"prior_init='alibi': {self.num_modes} cosine modes (freq_base {self.freq_base:g}) cannot fit the "
+                f'ALiBi line -m |d| over |d| <= {self.alibi_extent:g} (max error {error:.0%} of m * extent, '
+                f'{"monotone" if monotone else "not monotone"}); use key_linear=True for causal sequences '
+                f'(exact), a smaller alibi_extent or more num_modes')
 
     def frequencies(self, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Mode frequencies w_{a,r}: (D, R); learned (log-parametrised) or the fixed ladder."""
