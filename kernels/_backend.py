@@ -124,3 +124,15 @@ def empty(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
 
 
 TORCH_TO_TRITON = {torch.float16: 'fp16', torch.bfloat16: 'bf16', torch.float32: 'fp32'}
+
+
+def nonfinite_message(t: torch.Tensor, name: str) -> str:
+    """``'<name> must be finite: <name>[i, j, k] = nan'`` for the first NaN / inf entry of ``t``; '' if none.
+
+    Reads ``t`` back to the host: build it only once a cheap ``torch.isfinite(t).all()`` test has failed.
+    """
+    bad = (~torch.isfinite(t)).nonzero()
+    if bad.shape[0] == 0:
+        return ''
+    pos = tuple(bad[0].tolist())
+    return f'{name} must be finite: {name}[{", ".join(str(i) for i in pos)}] = {t[pos].item()}'

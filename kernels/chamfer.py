@@ -8,7 +8,9 @@ point of x to its nearest point of y and that point's index, and the same from y
 
 with p = 2 (``squared=True``) or p = 1. Padded (invalid) points, given as ``*_lengths`` (B,) or bool
 ``*_mask`` (B, N), are never anyone's neighbour; their own entries are distance 0 and index -1. A valid
-point whose other cloud has no valid point gets distance +inf and index -1.
+point whose other cloud has no valid point gets distance +inf and index -1. Every point, padded ones
+included, must be finite: a NaN point would be every point's nearest neighbour (and a NaN in the padding
+still poisons the gradients), so NaN / inf points are a ValueError naming the first one.
 
 The Triton kernel tiles x against y and keeps a running (min, argmin) per row, computing the squared
 distance coordinate by coordinate as ``sum_k (x_k - y_k)^2`` (no ``|x|^2 + |y|^2 - 2 x.y``
@@ -27,7 +29,9 @@ evaluation code: CD-L1 averages the two unsquared means, CD-L2 adds the two squa
 also write the unsquared CD as the plain sum (no 1/2), so check a table's convention before comparing
 numbers; tables usually quote the value x 1e3 (scale it at the call site). Means run over valid
 points only; ``reduction`` then averages ('mean'), sums ('sum') or keeps ('none', shape (B,)) the
-per-cloud values.
+per-cloud values. A cloud without any valid point (length 0) has no Chamfer distance: 'none' gives nan
+for that sample alone, while 'mean' and 'sum' raise a ValueError naming the sample rather than turn the
+whole batch into nan.
 
 Backend choice: ``backend='triton'|'torch'`` > env ``VISION_PRIORS_KERNELS`` > 'auto' (Triton on CUDA);
 on CPU tensors 'triton' runs in Triton's interpreter (``TRITON_INTERPRET=1`` before triton's import).
@@ -39,7 +43,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._backend import HAS_TRITON, TORCH_TO_TRITON, empty, resolve_backend
+from ._backend import HAS_TRITON, TORCH_TO_TRITON, empty, nonfinite_message, resolve_backend
 
 if HAS_TRITON:
     import triton
@@ -198,9 +202,40 @@ def _nn_backward(x: Tensor, y: Tensor, ix: Tensor, iy: Tensor, dist_x: Tensor, d
     return gx.to(x.dtype), gy.to(y.dtype)
 
 
+def _check_clouds(x: Tensor, y: Tensor, x_mask: Optional[Tensor], y_mask: Optional[Tensor],
+                  reduction: Optional[str]) -> None:
+    """Rejects NaN / inf points (padded ones included) and, for ``reduction`` 'mean' / 'sum', clouds
+    without a valid point. One reduction and one host sync when all is well; the messages are only built
+    on failure. Skipped under torch.compile (the sync would break the graph) and for meta tensors (no values)."""
+    if torch.compiler.is_compiling() or x.is_meta:
+        return
+    clouds = (('x', x, x_mask), ('y', y, y_mask))
+    ok = torch.isfinite(x).all() & torch.isfinite(y).all()
+    filled: List[Tensor] = []  # per cloud: (B,) whether it has a valid point
+    if reduction in ('mean', 'sum'):
+        filled = [m.any(dim=1) if m is not None else torch.full((p.shape[0],), p.shape[1] > 0, device=p.device)
+                  for _, p, m in clouds]
+        ok = ok & filled[0].all() & filled[1].all()
+    if bool(ok):
+        return
+    for name, pts, mask in clouds:
+        msg = nonfinite_message(pts, name)
+        if msg:
+            raise ValueError(msg + (' (padded points must be finite too)' if mask is not None else ''))
+    for (name, _, _), has_points in zip(clouds, filled):
+        empty_samples = (~has_points).nonzero().flatten().tolist()
+        if empty_samples:
+            raise ValueError(
+                f'cloud {name} has no valid point in sample(s) {empty_samples}: its Chamfer distance is undefined '
+                f"and reduction={reduction!r} would make the whole result nan; drop those samples, or use "
+                f"reduction='none' (nan for them)")
+
+
 def _masks(x: Tensor, y: Tensor, x_lengths: Optional[Tensor], y_lengths: Optional[Tensor],
-           x_mask: Optional[Tensor], y_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """Validates the clouds and turns lengths into (B, N) / (B, M) bool masks."""
+           x_mask: Optional[Tensor], y_mask: Optional[Tensor],
+           reduction: Optional[str] = None) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Validates the clouds (shapes, padding, finite points; see :func:`_check_clouds` for ``reduction``)
+    and turns lengths into (B, N) / (B, M) bool masks. The one check of every entry point and backend."""
     if x.dim() != 3 or y.dim() != 3:
         raise ValueError(f'x and y must be (B, N, D) and (B, M, D), got {tuple(x.shape)} and {tuple(y.shape)}')
     if x.shape[0] != y.shape[0]:
@@ -232,6 +267,7 @@ def _masks(x: Tensor, y: Tensor, x_lengths: Optional[Tensor], y_lengths: Optiona
             if mask.device != pts.device:
                 raise ValueError(f'{name}_mask is on {mask.device} but {name} is on {pts.device}')
         out.append(mask)
+    _check_clouds(x, y, out[0], out[1], reduction)
     return out[0], out[1]
 
 
@@ -261,6 +297,11 @@ def chamfer_nn(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None, y_lengt
         x_mask, y_mask: Optional (B, N) / (B, M) bool, True = valid point (instead of lengths).
         squared: Squared Euclidean distances (True) or Euclidean distances.
         backend: 'auto', 'triton' or 'torch'.
+
+    Raises:
+        ValueError: bad shapes / padding, or a NaN / inf point, named with its position
+            (e.g. 'y must be finite: y[1, 7, 0] = nan'); the finiteness test reads one flag back from
+            the device.
 
     Returns:
         :class:`ChamferResult` (dist_x, idx_x, dist_y, idx_y); distances in x's dtype, differentiable in
@@ -300,11 +341,16 @@ def chamfer_distance(x: Tensor, y: Tensor, squared: bool = True, reduction: str 
         backend: 'auto', 'triton' or 'torch'.
 
     Returns:
-        Scalar (or (B,) for 'none') in x's dtype. A cloud with no valid point makes its value nan.
+        Scalar (or (B,) for 'none') in x's dtype. With 'none', a sample whose x or y cloud has no valid
+        point gets nan (the other samples are unaffected).
+
+    Raises:
+        ValueError: as :func:`chamfer_nn`, and, for 'mean' / 'sum', a cloud without any valid point
+            (naming the cloud and the samples), which would otherwise make the whole result nan.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f'reduction must be one of {_REDUCTIONS}, got {reduction!r}')
-    x_mask, y_mask = _masks(x, y, x_lengths, y_lengths, x_mask, y_mask)
+    x_mask, y_mask = _masks(x, y, x_lengths, y_lengths, x_mask, y_mask, reduction)
     res = _chamfer_nn(x, y, x_mask, y_mask, squared, backend)
 
     def mean(dist: Tensor, mask: Optional[Tensor]) -> Tensor:

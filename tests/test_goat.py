@@ -10,6 +10,7 @@ float32 fused vs dense 2e-5.
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -279,3 +280,73 @@ def test_clear_errors():
               is_causal=True)
     with pytest.raises(ValueError, match='prior_init'):
         GoatAttention(64, 2, prior_init='gaussian')
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -float('inf')])
+def test_non_finite_coords_are_errors(bad):
+    """NaN / inf coordinates would make the sample's output and every gradient NaN: a ValueError naming the
+    first one, for shared and per-sample coords, on the forward and prior_logits paths."""
+    layer = GoatAttention(64, 2, num_spatial_dims=2, num_modes=2, num_prefix_tokens=1)
+    x = torch.randn(2, 7, 64)
+    shared = torch.rand(6, 2)
+    shared[3, 1] = bad
+    per_sample = torch.rand(2, 6, 2)
+    per_sample[1, 4, 0] = bad
+    per_sample[1, 5, 1] = bad  # the first non-finite one is named
+    value = str(bad).replace('+', r'\+')
+    with pytest.raises(ValueError, match=rf'coords must be finite: coords\[3, 1\] = {value}$'):
+        layer(x, coords=shared)
+    with pytest.raises(ValueError, match=rf'coords must be finite: coords\[1, 4, 0\] = {value}$'):
+        layer(x, coords=per_sample)
+    with pytest.raises(ValueError, match=rf'coords must be finite: coords\[1, 4, 0\] = {value}$'):
+        layer.prior_logits(per_sample)
+    with pytest.raises(ValueError, match=rf'coords\[3, 1\] = {value}$'):
+        layer(x, coords=shared, return_attn=True)
+    layer1d = GoatAttention(48, 2, num_spatial_dims=1, num_modes=2)
+    with pytest.raises(ValueError, match=rf'coords must be finite: coords\[2\] = {value}$'):
+        layer1d(torch.randn(1, 5, 48), coords=torch.tensor([0., 1., bad, 3., 4.]))  # (N,): the caller's layout
+
+
+def test_coords_check_under_script_fx_and_meta():
+    """TorchScript compiles the layer (the check stands aside there); a torch.fx graph runs
+    resolve_token_coords as a leaf on concrete values, so the check still happens; meta tensors (no values,
+    as in timm's config tests) pass."""
+    layer = GoatAttention(64, 2, num_spatial_dims=2, num_modes=2).eval()
+    x = torch.randn(2, 6, 64)
+    coords = torch.rand(6, 2)
+    bad = coords.clone()
+    bad[0, 0] = float('nan')
+    scripted = torch.jit.script(layer)
+    torch.testing.assert_close(scripted(x, coords), layer(x, coords=coords), rtol=0, atol=1e-6)
+    traced = torch.fx.symbolic_trace(layer, concrete_args=dict(attn_mask=None, is_causal=False, return_attn=False))
+    torch.testing.assert_close(traced(x, coords), layer(x, coords=coords), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r'coords must be finite: coords\[0, 0\] = nan'):
+        traced(x, bad)
+    assert layer.to('meta')(x.to('meta'), coords=coords.to('meta')).shape == (2, 6, 64)
+
+
+@pytest.mark.parametrize('grid_size,match', [
+    ((2.5, 3), r'\(2\.5, 3\): rows = 2\.5 \(float\)$'),
+    ((3, 2.0), r'\(3, 2\.0\): cols = 2\.0 \(float\)$'),
+    ((True, 3), r'\(True, 3\): rows = True \(bool\)$'),
+    ((torch.tensor(True), 3), r'.*: rows = tensor\(True\) \(Tensor\)$'),
+    ((np.float32(2), 3), r'.*: rows = (np\.float32\()?2\.0\)? \(float32\)$'),
+    ((0, 3), r'\(0, 3\): rows = 0 \(int\)$'),
+    ((3, -1), r'\(3, -1\): cols = -1 \(int\)$'),
+    ((3, 4, 5), r'\(3, 4, 5\)$'),
+    (4, r'4$'),
+])
+def test_grid_coords_needs_two_positive_integers(grid_size, match):
+    with pytest.raises(ValueError, match=r'^grid_size must be \(rows, cols\), two positive integers, got ' + match):
+        grid_coords(grid_size)
+
+
+def test_grid_coords_accepts_numpy_and_torch_integers():
+    expected = grid_coords((2, 3))
+    assert expected.tolist() == [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]
+    for size in [(np.int64(2), np.int32(3)), (torch.tensor(2), torch.tensor(3, dtype=torch.int32)), torch.Size([2, 3]),
+                 [2, 3]]:
+        assert torch.equal(grid_coords(size), expected)
+    assert torch.equal(torch.jit.script(grid_coords)((2, 3)), expected)
+    with pytest.raises(Exception, match='grid_size must be two positive integers'):
+        torch.jit.script(grid_coords)((0, 3))

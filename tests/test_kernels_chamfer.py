@@ -228,6 +228,68 @@ def test_bad_inputs(kwargs, err, match):
         chamfer_distance(**args)
 
 
+ENTRY_POINTS = {
+    'chamfer_nn': lambda backend, **kw: chamfer_nn(backend=backend, **kw),
+    'chamfer_distance': lambda backend, **kw: chamfer_distance(backend=backend, **kw),
+    'chamfer_nn_reference': lambda backend, **kw: chamfer_nn_reference(**kw),
+}
+
+
+@pytest.mark.parametrize('entry', sorted(ENTRY_POINTS))
+@pytest.mark.parametrize('backend', ['triton', 'torch'])
+def test_non_finite_points_are_errors(entry, backend):
+    """A NaN point would be every point's nearest neighbour: NaN / inf points (padded ones too) are a
+    ValueError naming the cloud, sample, point and coordinate, on every entry point and backend."""
+    fn = ENTRY_POINTS[entry]
+    x = torch.randn(2, 6, 3, device=DEV)
+    y = torch.randn(2, 8, 3, device=DEV)
+    x_bad = x.clone()
+    x_bad[1, 4, 2] = float('nan')
+    with pytest.raises(ValueError, match=r'^x must be finite: x\[1, 4, 2\] = nan$'):
+        fn(backend, x=x_bad, y=y)
+    y_bad = y.clone()
+    y_bad[0, 7, 0] = -float('inf')
+    with pytest.raises(ValueError, match=r'^y must be finite: y\[0, 7, 0\] = -inf$'):
+        fn(backend, x=x, y=y_bad)
+    # a NaN in the padding still enters the arithmetic (and the gradients): padded points must be finite too
+    padded = r'^y must be finite: y\[0, 7, 0\] = -inf \(padded points must be finite too\)$'
+    with pytest.raises(ValueError, match=padded):
+        fn(backend, x=x, y=y_bad, y_lengths=torch.tensor([7, 8]))
+
+
+@pytest.mark.parametrize('backend', ['triton', 'torch'])
+def test_empty_cloud_is_an_error_under_mean_and_sum_and_nan_under_none(backend):
+    """A cloud without a valid point has no Chamfer distance: 'none' gives nan for that sample alone (the
+    others keep their values); 'mean' / 'sum' raise, naming the cloud and the samples, instead of nan."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 10, 3, generator=gen).to(DEV)
+    y = torch.randn(3, 12, 3, generator=gen).to(DEV)
+    full = chamfer_distance(x, y, reduction='none', backend=backend)
+    cases = {
+        'x': dict(x_lengths=torch.tensor([10, 0, 10])),
+        'y': dict(y_mask=torch.tensor([[True] * 12, [True] * 12, [False] * 12], device=DEV)),
+    }
+    for cloud, kw in cases.items():
+        empty = 1 if cloud == 'x' else 2
+        none = chamfer_distance(x, y, reduction='none', backend=backend, **kw)
+        assert torch.isnan(none[empty]) and torch.isfinite(none).sum() == 2
+        keep = [b for b in range(3) if b != empty]
+        torch.testing.assert_close(none[keep], full[keep], rtol=0, atol=0)
+        for reduction in ('mean', 'sum'):
+            with pytest.raises(ValueError, match=(
+                    rf"^cloud {cloud} has no valid point in sample\(s\) \[{empty}\]: its Chamfer distance is "
+                    rf"undefined and reduction='{reduction}' would make the whole result nan; drop those "
+                    r"samples, or use reduction='none' \(nan for them\)$")):
+                chamfer_distance(x, y, reduction=reduction, backend=backend, **kw)
+    # every cloud empty by shape (N = 0): all samples named
+    with pytest.raises(ValueError, match=r'^cloud x has no valid point in sample\(s\) \[0, 1, 2\]'):
+        chamfer_distance(x[:, :0], y, backend=backend)
+    assert torch.isnan(chamfer_distance(x[:, :0], y, reduction='none', backend=backend)).all()
+    # chamfer_nn itself accepts empty clouds (the other side's points get +inf, index -1)
+    res = chamfer_nn(x, y, x_lengths=torch.tensor([10, 0, 10]), backend=backend)
+    assert torch.isinf(res.dist_y[1]).all() and (res.idx_y[1] == -1).all()
+
+
 def test_aot_specs_follow_the_runtime_config():
     specs = C.aot_specs()
     assert [s['name'] for s in specs] == ['chamfer_nn_fp16_D3', 'chamfer_nn_bf16_D3', 'chamfer_nn_fp32_D3']

@@ -342,6 +342,38 @@ def test_cross_matches_explicit_slots_and_ignores_masked():
         assert not torch.allclose(c(x, ctx), y)  # the mask matters
 
 
+def test_cross_empty_context_is_the_all_masked_result():
+    """An empty context (n = 0) and a sample whose context is all masked both have H = 0: zero attention
+    output before the projection, so every query gets proj(0) = the projection bias; finite (zero) gradients
+    through the queries and the source, exactly as the all-masked sample, and the same under TorchScript."""
+    torch.manual_seed(0)
+    c = LavoCrossAttention(DIM, HEADS, num_slots=SLOTS, context_dim=12, qkv_bias=True).to(DT).eval()
+    x = torch.randn(2, 5, DIM, dtype=DT)
+    ctx = torch.randn(2, 9, 12, dtype=DT)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1] = False  # sample 1: every source token masked
+    params = list(c.parameters())
+    g = torch.randn(2, 5, DIM, dtype=DT)
+    bias = c.proj.bias.detach().expand(2, 5, DIM)
+    results = {}
+    for name, args in {'masked': (ctx, mask), 'empty': (ctx[:, :0], None),
+                       'empty_masked': (ctx[:, :0], torch.ones(2, 0, dtype=torch.bool))}.items():
+        y, grads = _grads(lambda t: c(t, *args), x, params, g)
+        assert all(torch.isfinite(a).all() for a in grads), name
+        results[name] = (y, grads)
+    y, grads = results['empty']
+    assert torch.equal(y, bias)
+    assert grads[0].abs().max() == 0  # d out / d x: H = 0 makes the output independent of the queries
+    names = [n for n, _ in c.named_parameters()]
+    torch.testing.assert_close(grads[1 + names.index('proj.bias')], g.sum((0, 1)), rtol=0, atol=1e-12)
+    y_m, grads_m = results['masked']
+    assert torch.equal(y_m[1], y[1])
+    assert grads_m[0][1].abs().max() == 0 and torch.equal(grads_m[0][1], grads[0][1])
+    assert torch.equal(results['empty_masked'][0], y)
+    with torch.no_grad():
+        assert torch.equal(torch.jit.script(c)(x, ctx[:, :0]), bias)
+
+
 # ----- learned basis -----
 
 def _train(module, steps, penalty_weight=0.):

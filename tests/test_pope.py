@@ -160,6 +160,30 @@ def test_clear_errors():
         layer(torch.randn(1, 5, 32), coords=torch.zeros(4))
 
 
+@pytest.mark.parametrize('grad', [True, False])  # autograd off: the CPU inference path, checked before it too
+@pytest.mark.parametrize('bad', [float('nan'), float('inf')])
+def test_non_finite_coords_are_errors(bad, grad):
+    """A NaN / inf coordinate is a ValueError naming it (it would turn the whole sample's output NaN)."""
+    layer = PopeAttention(32, 2, num_spatial_dims=2, num_prefix_tokens=1)
+    x = torch.randn(2, 5, 32)
+    shared = torch.rand(4, 2)
+    shared[2, 0] = bad
+    per_sample = torch.rand(2, 4, 2)
+    per_sample[0, 3, 1] = bad
+    with torch.set_grad_enabled(grad):
+        with pytest.raises(ValueError, match=rf'^coords must be finite: coords\[2, 0\] = {bad}$'):
+            layer(x, coords=shared)
+        with pytest.raises(ValueError, match=rf'^coords must be finite: coords\[0, 3, 1\] = {bad}$'):
+            layer(x, coords=per_sample)
+        with pytest.raises(ValueError, match=rf'^coords must be finite: coords\[0, 3, 1\] = {bad}$'):
+            layer(x, coords=per_sample, return_attn=True)
+        layer1d = PopeAttention(32, 2, num_spatial_dims=1)
+        with pytest.raises(ValueError, match=rf'^coords must be finite: coords\[1\] = {bad}$'):
+            layer1d(torch.randn(1, 3, 32), coords=torch.tensor([0., bad, 2.]))
+    # finite coordinates far from the grid are fine
+    assert torch.isfinite(layer(x, coords=torch.rand(4, 2) * 1e4)).all()
+
+
 # ---- CPU inference path (autograd off, no mask): per-sample features, head groups of cache-sized logits ----
 
 INFERENCE_CASES = {

@@ -3,12 +3,39 @@
 Layers never guess a grid from a sequence length; a model (or recipe) builds coordinates with these
 helpers and hands them to every attention layer.
 """
-from typing import Optional, Tuple
+import operator
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from kernels._backend import nonfinite_message
+
+from .kernel_dispatch import tracing_or_compiling
+
 __all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords', 'check_mask_args']
+
+
+def _grid_extents(grid_size: Any) -> Tuple[int, int]:
+    """(rows, cols) as positive ints; Python, numpy and torch integers pass, floats, bools and values < 1 do not."""
+    try:
+        extents = tuple(grid_size)
+    except TypeError:
+        extents = ()
+    if len(extents) != 2:
+        raise ValueError(f'grid_size must be (rows, cols), two positive integers, got {grid_size!r}')
+    out = []
+    for name, value in zip(('rows', 'cols'), extents):
+        is_bool = isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool)
+        try:
+            size = -1 if is_bool else operator.index(value)
+        except TypeError:
+            size = -1
+        if size < 1:
+            raise ValueError(f'grid_size must be (rows, cols), two positive integers, got {grid_size!r}: '
+                             f'{name} = {value!r} ({type(value).__name__})')
+        out.append(size)
+    return out[0], out[1]
 
 
 def grid_coords(
@@ -19,16 +46,22 @@ def grid_coords(
     """Row-major (x, y) coordinates of a patch grid, in patch units.
 
     Args:
-        grid_size: (rows, cols) of the patch grid.
+        grid_size: (rows, cols) of the patch grid, positive integers (numpy / torch integers accepted).
         device: Device of the result.
         dtype: Floating dtype of the result.
 
     Returns:
         (rows * cols, 2) tensor; token ``r * cols + c`` has coordinate ``(c, r)``.
+
+    Raises:
+        ValueError: a grid_size that is not two positive integers (e.g. a float, a bool, 0), naming the value.
     """
-    rows, cols = grid_size[0], grid_size[1]
-    if rows < 1 or cols < 1:
-        raise ValueError(f'grid_size must be positive, got ({rows}, {cols})')
+    if not torch.jit.is_scripting():
+        rows, cols = _grid_extents(grid_size)
+    else:
+        rows, cols = grid_size[0], grid_size[1]
+        if rows < 1 or cols < 1:
+            raise ValueError('grid_size must be two positive integers')
     ys, xs = torch.meshgrid(
         torch.arange(rows, device=device, dtype=dtype),
         torch.arange(cols, device=device, dtype=dtype),
@@ -74,10 +107,15 @@ def resolve_token_coords(
         batch_size: B of the tokens; per-sample coordinates must have this many rows (checked when given).
 
     Callers register it with ``torch.fx.wrap`` in their module: under torch.fx it is one leaf call,
-    run on concrete values, so every check still happens.
+    run on concrete values, so every check still happens. Non-finite coordinates (NaN / inf would make
+    every output and gradient of the sample NaN) are rejected in eager mode at the cost of one
+    ``torch.isfinite(coords).all()`` (a host sync on CUDA); the check stands aside under TorchScript,
+    ``torch.jit.trace`` and ``torch.compile``, which cannot hold its data-dependent branch, and for meta
+    tensors, which have no values.
 
     Raises:
-        ValueError: naming the offending shape / dtype / grid and what is expected.
+        ValueError: naming the offending shape / dtype / grid and what is expected, or the first
+            non-finite coordinate and its position (e.g. 'coords must be finite: coords[0, 3, 1] = nan').
     """
     if coords is None:
         if num_spatial_dims == 1:
@@ -87,6 +125,7 @@ def resolve_token_coords(
                 f'coords=None needs the default grid, but grid_size={grid_size} does not hold the '
                 f'{num_tokens} non-prefix tokens; pass coords of shape ({num_tokens}, 2) or call set_grid_size()')
         return grid_coords(grid_size, device=device, dtype=dtype)
+    given = coords  # positions in error messages refer to the caller's layout
     if coords.dim() == 1 and num_spatial_dims == 1:
         coords = coords.unsqueeze(-1)
     if not torch.jit.is_scripting():
@@ -102,6 +141,9 @@ def resolve_token_coords(
             raise ValueError(
                 f'per-sample coords have shape {tuple(coords.shape)}: {coords.shape[0]} rows for a batch of '
                 f'{batch_size} samples; expected ({batch_size}, {num_tokens}, {num_spatial_dims})')
+        skip = tracing_or_compiling() or torch.jit.is_tracing() or given.is_meta  # no values to read
+        if not (skip or bool(torch.isfinite(given).all())):
+            raise ValueError(nonfinite_message(given, 'coords'))
     return coords.to(device=device, dtype=dtype)
 
 

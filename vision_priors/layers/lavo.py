@@ -708,7 +708,8 @@ class LavoCrossAttention(nn.Module):
         return self.basis.orthogonality_penalty()
 
     def compress(self, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
-        """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r)."""
+        """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r);
+        zero for a sample without source tokens (n = 0 or all masked)."""
         if context.dim() != 3 or context.shape[-1] != self.context_dim:
             if not torch.jit.is_scripting():
                 raise ValueError(
@@ -719,7 +720,7 @@ class LavoCrossAttention(nn.Module):
         src = self.kv(context).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         proj = src @ self.basis().transpose(-1, -2)  # (B, H, n, r)
         if valid is None:
-            return proj.mean(dim=2, keepdim=True)
+            return proj.sum(dim=2, keepdim=True) / max(n, 1)  # n = 0: H = 0, as for an all-masked sample
         m = valid[:, None, :, None].to(proj.dtype)
         return (proj * m).sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
 
@@ -729,11 +730,13 @@ class LavoCrossAttention(nn.Module):
         Args:
             x: (B, m, C) targets (queries).
             context: (B, n, context_dim) source.
-            context_mask: Optional (B, n) bool, True where a source token is valid. A sample with no
-                valid source token has H = 0 and gets a zero attention output (before the projection).
+            context_mask: Optional (B, n) bool, True where a source token is valid.
 
         Returns:
-            (B, m, C).
+            (B, m, C). A sample with no source token (an empty context, n = 0, or every token masked)
+            has H = 0 and a zero attention output before the projection, so each of its queries gets
+            ``proj(0)``, the projection bias (before ``proj_drop``); its gradients are finite (zero
+            through the source and the queries).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             if not torch.jit.is_scripting():
