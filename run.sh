@@ -47,7 +47,7 @@ cmd=${1:-demo}
 shift || true
 ensure_env
 case "$cmd" in
-  demo)   exec "$VENV/bin/python" -m recipes.resolution_extrapolation compare "$@" ;;
+  demo)   exec "$VENV/bin/python" -m vision_priors.recipes.resolution_extrapolation compare "$@" ;;
   test)   exec "$VENV/bin/python" -m pytest "$@" ;;
   bench)  name=$1; shift; exec "$VENV/bin/python" "benchmarks/$name.py" "$@" ;;
   python) exec "$VENV/bin/python" "$@" ;;

@@ -19,8 +19,8 @@ Rows (``ratio`` = baseline time / kernel time, so > 1 means the kernel is faster
     plain     flash_prior_attention(mode='plain')                 SDPA (default dispatch); no goal
     lavo      vision_priors.layers.LavoAttention (causal, r = w  the same projections around causal
               = 64), the whole layer (on CUDA it runs             SDPA; >= 1.0x from N = 4K on
-              kernels.lavo once the layer dispatches to it)
-    lavo_     kernels.lavo: lavo_local (sliding + block) and      causal SDPA on the same q, k, v;
+              vision_priors.kernels.lavo once the layer dispatches to it)
+    lavo_     vision_priors.kernels.lavo: lavo_local (sliding + block) and      causal SDPA on the same q, k, v;
     kernel    lavo_global, combined as the layer does             >= 1.0x from N = 4K on
     ========  ===================================================  ================================
 
@@ -221,7 +221,7 @@ def _import(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name in (name, name.rsplit('.', 1)[0]) or (exc.name or '').startswith('kernels'):
+        if exc.name in (name, name.rsplit('.', 1)[0]) or (exc.name or '').startswith('vision_priors.kernels'):
             raise Skip(f'{name} is absent ({exc})') from exc
         raise
 
@@ -266,9 +266,9 @@ def build_flash_prior(mode: str, shape: Shape, device: torch.device, dtype: torc
     on q / k features of width 2d and v zero-padded to 2d, materialized beforehand (their cost is
     not timed), scale 1 as in ``PopeAttention``.
     """
-    fp = _import('kernels.flash_prior')
+    fp = _import('vision_priors.kernels.flash_prior')
     if not hasattr(fp, 'flash_prior_attention'):
-        raise Skip('kernels.flash_prior has no flash_prior_attention')
+        raise Skip('vision_priors.kernels.flash_prior has no flash_prior_attention')
     op = fp.flash_prior_attention
     f32 = dict(device=device, dtype=torch.float32)
     g = torch.Generator(device='cpu').manual_seed(1)
@@ -326,14 +326,14 @@ def build_flash_prior(mode: str, shape: Shape, device: torch.device, dtype: torc
 
 
 def build_lavo_kernel(shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
-    """The LAVO attention core on Triton (``kernels.lavo``: sliding local window + block dissection +
+    """The LAVO attention core on Triton (``vision_priors.kernels.lavo``: sliding local window + block dissection +
     CODE read, combined as the layer does) against causal SDPA on the same q, k, v."""
     if not shape.causal:
         raise Skip('LAVO rows use the causal LM shapes')
-    lk = _import('kernels.lavo')
+    lk = _import('vision_priors.kernels.lavo')
     for name in ('lavo_local', 'lavo_global'):
         if not hasattr(lk, name):
-            raise Skip(f'kernels.lavo has no {name}')
+            raise Skip(f'vision_priors.kernels.lavo has no {name}')
     q, k, v = _qkv(shape, device, dtype)
     w, r = min(64, shape.N), min(64, shape.d)
     bias = torch.zeros(2 * w - 1, device=device, dtype=torch.float32).normal_(0, 0.1).requires_grad_(True)

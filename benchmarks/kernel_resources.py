@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-from kernels import aot  # noqa: E402
+from vision_priors.kernels import aot  # noqa: E402
 
 
 def status(item: Any) -> str:

@@ -39,7 +39,7 @@ import timm
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import vision_priors  # noqa: F401  (registers our models)
-from kernels.pope_cpu import load_pope_cpu_op
+from vision_priors.kernels.pope_cpu import load_pope_cpu_op
 from vision_priors.layers.pope import use_compiled_cpu_op
 
 BASELINE = 'vit_small_patch16_224'

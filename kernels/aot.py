@@ -23,7 +23,7 @@ amount a launch requests; :data:`SHARED_LIMITS` holds the per-block maxima it mu
 Nothing is cached in the repository: compilations go to a per-process temporary Triton cache
 (removed at exit) unless ``cache_dir`` is given.
 
-    python -m kernels.aot                      # compile every spec for sm_80 and sm_90
+    python -m vision_priors.kernels.aot                      # compile every spec for sm_80 and sm_90
     python benchmarks/kernel_resources.py      # the same, as a table
 """
 from __future__ import annotations
@@ -465,7 +465,7 @@ def _import(path: Path) -> Any:
     """Import a kernel module: ``kernels.<stem>`` from this package, else by path under a unique name."""
     path = Path(path).resolve()
     if path.parent == KERNELS_DIR:
-        return importlib.import_module(f'kernels.{path.stem}')
+        return importlib.import_module(f'vision_priors.kernels.{path.stem}')
     modname = f'_vp_aot_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}'
     loader_spec = importlib.util.spec_from_file_location(modname, path)
     module = importlib.util.module_from_spec(loader_spec)

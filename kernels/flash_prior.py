@@ -58,7 +58,7 @@ How a layer calls it (the lead wires this; tensors as in the layers' own forward
 ``out`` is (B, H, N, d_v); a boolean ``attn_mask`` of shape (B, 1, 1, N) (True = attend) maps to
 ``key_padding_mask=~attn_mask[:, 0, 0]``; other masks and attention dropout stay on the SDPA path.
 
-The naive dense reference with the same signature is ``kernels.flash_prior_ref.flash_prior_attention_ref``.
+The naive dense reference with the same signature is ``vision_priors.kernels.flash_prior_ref.flash_prior_attention_ref``.
 """
 import importlib.util
 import sys

@@ -1,4 +1,4 @@
-"""Naive dense reference of ``kernels.flash_prior.flash_prior_attention`` (same signature).
+"""Naive dense reference of ``vision_priors.kernels.flash_prior.flash_prior_attention`` (same signature).
 
 Written straight from the papers' equations, independently of the kernel's factorisation:
 

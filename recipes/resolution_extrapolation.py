@@ -1,6 +1,6 @@
 """Resolution extrapolation (GOAT paper, Fig. 5): train at one resolution, evaluate at larger ones.
 
-Commands (``python -m recipes.resolution_extrapolation COMMAND --help`` explains every option):
+Commands (``python -m vision_priors.recipes.resolution_extrapolation COMMAND --help`` explains every option):
 
   train    train one registered model (ours or timm's) on the built-in scenes, an ImageNet-style
            folder (``train/``, ``val/`` with class subfolders) or webdataset shards; CPU, one GPU or
@@ -24,7 +24,7 @@ timm's learned absolute embedding is resampled bicubically when the grid changes
 
 Full ImageNet protocol (paper: ViT-S/16, 224 px, 150 epochs), e.g. on 8 GPUs:
 
-  accelerate launch --num_processes 8 -m recipes.resolution_extrapolation compare \\
+  accelerate launch --num_processes 8 -m vision_priors.recipes.resolution_extrapolation compare \\
       --data /path/to/imagenet --models vit_small_patch16_224 vit_small_patch16_rope_224 \\
       vit_small_patch16_rope_mixed_224 vit_small_patch16_goat_224 vit_small_patch16_pope_224 \\
       --train-res 224 --eval-res 224 288 384 448 512 --epochs 150 --batch-size 128 --lr 1e-3 \\
@@ -138,7 +138,7 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser, add_command = cli.command_parser('python -m recipes.resolution_extrapolation', __doc__)
+    parser, add_command = cli.command_parser('vision-priors resolution', __doc__)
     p = add_command('train', 'train one model')
     p.add_argument('--model', default='vit_tiny_patch16_goat_224', help='any timm-registered model name')
     add_training_args(p, sweep=False)

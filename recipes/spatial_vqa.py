@@ -1,6 +1,6 @@
 """CIFAR scan-order spatial VQA (GOAT paper, Sec. 6, Tables 9-10): canonical 2D coordinates vs sequence positions.
 
-Commands (``python -m recipes.spatial_vqa COMMAND --help`` explains every option):
+Commands (``python -m vision_priors.recipes.spatial_vqa COMMAND --help`` explains every option):
 
   train    train one positional method (nope, rope, goat, pope) on scenes in the training scan orders;
            CPU, one GPU or many through ``accelerate launch``; atomic checkpoints + ``--resume``.
@@ -66,7 +66,7 @@ alpha, beta, key default; PoPE delta; rope / nope have none): GOAT's prior start
 its O(1) coefficients move by at most about lr per Adam step, which makes short runs slow to leave the
 position-blind plateau.
 
-Data (``--data``; readers in ``recipes.data.image_pools``, scenes in ``recipes.data.vqa_scenes``): a folder with CIFAR-10's python batches (``data_batch_1..5``, ``test_batch``,
+Data (``--data``; readers in ``vision_priors.recipes.data.image_pools``, scenes in ``vision_priors.recipes.data.vqa_scenes``): a folder with CIFAR-10's python batches (``data_batch_1..5``, ``test_batch``,
 ``batches.meta``; read directly, no download, no checksum; train pool = the five data batches, test
 pool = ``test_batch``), an ``.npz`` with ``images`` (N, 32, 32, 3) uint8 and ``labels`` (split per class,
 deterministically by ``--data-seed``, into disjoint train / test pools, ``--npz-test-fraction``), or
@@ -80,12 +80,12 @@ another layout stream, training orders; ``--val-scenes``), keeps the weights of 
 
 Small CPU run on the built-in images (about 3 minutes per method on one busy core):
 
-  python -m recipes.spatial_vqa compare --train-scenes 20000 --test-scenes 1000 --updates 900 \
+  python -m vision_priors.recipes.spatial_vqa compare --train-scenes 20000 --test-scenes 1000 --updates 900 \
       --batch-size 32 --patch-size 16 --embed-dim 128 --depth 2 --num-heads 4 --lr 2e-3 --threads 1 --cpu
 
 Paper-scale protocol on real CIFAR-10 (e.g. on a GPU):
 
-  python -m recipes.spatial_vqa compare --data /path/to/cifar-10-batches-py --train-scenes 50000 \\
+  python -m vision_priors.recipes.spatial_vqa compare --data /path/to/cifar-10-batches-py --train-scenes 50000 \\
       --test-scenes 10000 --epochs 30 --batch-size 128 --seeds 0 1 2 --out runs/spatial_vqa
 """
 import argparse
@@ -169,7 +169,7 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser, add_command = cli.command_parser('python -m recipes.spatial_vqa', __doc__)
+    parser, add_command = cli.command_parser('vision-priors vqa', __doc__)
     p = add_command('train', 'train one positional method')
     p.add_argument('--method', choices=POS_METHODS, default='goat', help='how position enters attention')
     add_training_args(p, sweep=False)

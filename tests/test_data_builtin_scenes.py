@@ -1,4 +1,4 @@
-"""recipes.data.builtin_scenes: the built-in spatial-relation dataset.
+"""vision_priors.recipes.data.builtin_scenes: the built-in spatial-relation dataset.
 
 The class rules are re-checked here from the scene parameters with geometry written independently of the
 generator (sizes, circumradii and inradii derived from each kind's area; tolerances slightly looser than
@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.data.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
+from vision_priors.recipes.data.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
 
 NUM_CLASSES = len(CLASSES)
 ROOT = Path(__file__).resolve().parents[1]
@@ -353,9 +353,9 @@ def test_cli_help_and_grid(tmp_path, capsys):
 
 
 def test_cli_runs_as_a_module(tmp_path):
-    """``python -m recipes.data.builtin_scenes`` (warnings as errors: the package must not import it first)."""
+    """``python -m vision_priors.recipes.data.builtin_scenes`` (warnings as errors: the package must not import it first)."""
     out = tmp_path / 'grid.png'
-    cmd = [sys.executable, '-W', 'error::RuntimeWarning', '-m', 'recipes.data.builtin_scenes', '--out', str(out),
+    cmd = [sys.executable, '-W', 'error::RuntimeWarning', '-m', 'vision_priors.recipes.data.builtin_scenes', '--out', str(out),
            '--resolution', '16', '--per-class', '1', '--task', 'clock']
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

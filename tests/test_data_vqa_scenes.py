@@ -1,12 +1,12 @@
-"""recipes.data.vqa_scenes: scan orders, questions and answers, scene rendering and tokens, build_sets."""
+"""vision_priors.recipes.data.vqa_scenes: scan orders, questions and answers, scene rendering and tokens, build_sets."""
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from recipes.data import vqa_scenes as vqa
-from recipes.data.image_pools import ImagePool
-from recipes.engine import PerSampleSeeds
+from vision_priors.recipes.data import vqa_scenes as vqa
+from vision_priors.recipes.data.image_pools import ImagePool
+from vision_priors.recipes.engine import PerSampleSeeds
 from vision_priors.layers import grid_coords
 
 

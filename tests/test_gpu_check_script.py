@@ -70,7 +70,7 @@ def test_failures_become_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake_build(section, shape, device, dtype):
         if section == 'goat':
-            return bench._import('kernels.no_such_kernel_module')
+            return bench._import('vision_priors.kernels.no_such_kernel_module')
         if section == 'pope':
             raise RuntimeError('boom')
         speed = 2.0 if section == 'plain' else 1.0

@@ -20,9 +20,9 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':  # see test_kernels_
                 allow_module_level=True)
 triton = pytest.importorskip('triton')
 
-from kernels import _backend  # noqa: E402
-from kernels import chamfer as C  # noqa: E402
-from kernels.chamfer import chamfer_distance, chamfer_nn, chamfer_nn_reference  # noqa: E402
+from vision_priors.kernels import _backend  # noqa: E402
+from vision_priors.kernels import chamfer as C  # noqa: E402
+from vision_priors.kernels.chamfer import chamfer_distance, chamfer_nn, chamfer_nn_reference  # noqa: E402
 
 DEV = 'cuda' if _CUDA else 'cpu'
 F64 = torch.float64

@@ -22,7 +22,7 @@ import pytest
 triton = pytest.importorskip('triton')
 tl = pytest.importorskip('triton.language')
 
-from kernels import aot  # noqa: E402
+from vision_priors.kernels import aot  # noqa: E402
 
 CAPABILITIES = (80, 90)
 _DISCOVERY_ERRORS: Dict[str, str] = {}
@@ -57,7 +57,7 @@ def check_report(report: aot.CompileReport) -> None:
 @pytest.mark.parametrize('module', sorted(_DISCOVERY_ERRORS) or ['(none)'])
 def test_kernel_modules_load(module: str) -> None:
     """Every kernels/*.py with aot_specs imports and returns well-formed specs."""
-    assert module not in _DISCOVERY_ERRORS, f'kernels.{module}: {_DISCOVERY_ERRORS.get(module)}'
+    assert module not in _DISCOVERY_ERRORS, f'vision_priors.kernels.{module}: {_DISCOVERY_ERRORS.get(module)}'
     assert len({s['name'] for s in SPECS}) == len(SPECS)
 
 

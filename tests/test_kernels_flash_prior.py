@@ -28,9 +28,9 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':
                 allow_module_level=True)
 pytest.importorskip('triton')
 
-from kernels import flash_prior  # noqa: E402
-from kernels.flash_prior import aot_specs, choose_config, flash_prior_attention  # noqa: E402
-from kernels.flash_prior_ref import flash_prior_attention_ref  # noqa: E402
+from vision_priors.kernels import flash_prior  # noqa: E402
+from vision_priors.kernels.flash_prior import aot_specs, choose_config, flash_prior_attention  # noqa: E402
+from vision_priors.kernels.flash_prior_ref import flash_prior_attention_ref  # noqa: E402
 from vision_priors.layers import GoatAttention, PopeAttention, grid_coords, sequence_coords  # noqa: E402
 
 DEVICE = torch.device('cuda' if _CUDA else 'cpu')

@@ -29,9 +29,9 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':
                 allow_module_level=True)
 triton = pytest.importorskip('triton')
 
-from kernels import _backend  # noqa: E402
-from kernels import lavo as K  # noqa: E402
-from kernels.lavo import (lavo_global, lavo_global_reference, lavo_local,  # noqa: E402
+from vision_priors.kernels import _backend  # noqa: E402
+from vision_priors.kernels import lavo as K  # noqa: E402
+from vision_priors.kernels.lavo import (lavo_global, lavo_global_reference, lavo_local,  # noqa: E402
                           lavo_local_reference)
 
 from vision_priors.layers import LavoAttention  # noqa: E402

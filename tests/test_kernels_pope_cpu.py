@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.pope_cpu as pope_cpu
+import vision_priors.kernels.pope_cpu as pope_cpu
 from vision_priors.layers.pope import phase_table, pope_cpu_inference_attention
 
 pytestmark = pytest.mark.skipif(shutil.which('c++') is None and shutil.which('g++') is None,

@@ -9,12 +9,12 @@ from typing import Dict
 import pytest
 import torch
 
-from recipes import spatial_vqa
-from recipes import resolution_extrapolation
-from recipes.checkpoints import CheckpointError, latest_checkpoint, verify_checkpoint
-from recipes.cli import check_amp
-from recipes.report import format_cell, markdown_table, mean_std
-from recipes.runs import config_differences
+from vision_priors.recipes import spatial_vqa
+from vision_priors.recipes import resolution_extrapolation
+from vision_priors.recipes.checkpoints import CheckpointError, latest_checkpoint, verify_checkpoint
+from vision_priors.recipes.cli import check_amp
+from vision_priors.recipes.report import format_cell, markdown_table, mean_std
+from vision_priors.recipes.runs import config_differences
 
 TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size', '16',
         '--synthetic-per-class', '6', '3', '--train-scenes', '32', '--test-scenes', '8', '--batch-size', '8',
@@ -176,7 +176,7 @@ def test_damaged_pointer_and_missing_rng_state_are_errors(run_copy):
 
 def test_rng_state_that_cannot_be_restored_is_an_error(run_copy, monkeypatch):
     """Even where the manifest is rewritten to match (a deliberate edit), unreadable RNG state fails loudly."""
-    from recipes.checkpoints import write_manifest
+    from vision_priors.recipes.checkpoints import write_manifest
     latest = latest_checkpoint(run_copy)
     (latest / 'random_states_0.pkl').write_bytes(b'\x80\x04not a pickle')
     write_manifest(latest)
@@ -243,8 +243,8 @@ def test_config_differences_and_report_helpers():
 def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_path):
     """A scripted validation metric: best at the 2nd evaluation, then two worse ones -> stop (patience 2)."""
     from torch.utils.data import TensorDataset
-    from recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
-    from recipes.checkpoints import load_weights
+    from vision_priors.recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
+    from vision_priors.recipes.checkpoints import load_weights
 
     scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1, 0.1])
     snapshots = {}

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from recipes import resolution_extrapolation as recipe
-from recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes import resolution_extrapolation as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = json.dumps(dict(embed_dim=64, depth=1, num_heads=1, patch_size=8))
@@ -116,8 +116,8 @@ def test_two_process_accelerate_launch_keeps_parameters_in_sync(image_folder, tm
     script.write_text(f'''
 import sys, torch
 sys.path.insert(0, {str(ROOT)!r})
-from recipes import resolution_extrapolation as recipe
-from recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes import resolution_extrapolation as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
 from accelerate import PartialState
 recipe.main({_train_args(tmp_path / 'ddp', str(image_folder), '--updates', '3')!r})
 state = PartialState()

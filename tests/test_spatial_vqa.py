@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipes import spatial_vqa as recipe
-from recipes.checkpoints import latest_checkpoint
-from recipes.data.image_pools import read_npz_pools
-from recipes.data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, QUESTION_TYPES, SceneQuestions,
+from vision_priors.recipes import spatial_vqa as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes.data.image_pools import read_npz_pools
+from vision_priors.recipes.data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, QUESTION_TYPES, SceneQuestions,
                                      Vocabulary, scan_order)
 from vision_priors.layers import grid_coords
 from vision_priors.models import SpatialVQATransformer, vqa_attention_mask, vqa_text_coords

@@ -4,8 +4,8 @@
 - ``vqa_scenes``: spatial-VQA scenes of four pool images, scan orders, questions, ``build_sets``.
 - ``image_folders``: ImageNet-style class folders (``StrictImages``) and webdataset folder checks.
 - ``builtin_scenes``: spatial-relation scenes rendered at any resolution (``python -m
-  recipes.data.builtin_scenes`` saves a grid of them).
+  vision_priors.recipes.data.builtin_scenes`` saves a grid of them).
 
-Import from the modules (``from recipes.data.image_pools import load_pools``); this package imports none
+Import from the modules (``from vision_priors.recipes.data.image_pools import load_pools``); this package imports none
 of them by itself.
 """

@@ -27,7 +27,7 @@ symmetric), so timm's default ``hflip=0.5`` is safe there; a flip maps k o'clock
 ``'clock'`` must not be flipped. Vertical flips or rotations change the label (``triangle_up`` <->
 ``triangle_down``, ``row`` <-> ``column``), and aggressive random-resized crops can cut parts out.
 
-    python -m recipes.data.builtin_scenes --out grid.png --resolution 32 64 --task clock
+    python -m vision_priors.recipes.data.builtin_scenes --out grid.png --resolution 32 64 --task clock
 """
 import argparse
 import hashlib

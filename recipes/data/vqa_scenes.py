@@ -1,10 +1,10 @@
 """Spatial VQA scenes: four distinct-class images on a 2x2 grid as scan-ordered patch tokens + questions.
 
-Reads image pools (``recipes.data.image_pools``); makes ``SceneQuestions`` datasets: a 64x64 scene cut
+Reads image pools (``vision_priors.recipes.data.image_pools``); makes ``SceneQuestions`` datasets: a 64x64 scene cut
 into p x p patches, laid into the sequence in a *scan order* (``SCAN_ORDERS``) with each patch's
 canonical (x, y) coordinate, plus one answer-only question of each type (what / where / left / above)
 over a small ``Vocabulary``. ``build_sets`` makes the train / seen / unseen sets from a data config
-(the dict ``recipes.spatial_vqa.data_config`` saves in a run's config.json). The protocol is described
+(the dict ``vision_priors.recipes.spatial_vqa.data_config`` saves in a run's config.json). The protocol is described
 in ``recipes/spatial_vqa.py``.
 """
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -315,7 +315,7 @@ class SceneQuestions(Dataset):
 def build_sets(cfg: Dict[str, Any], which: Sequence[str]) -> Tuple[Dict[str, SceneQuestions], Vocabulary]:
     """Datasets named in ``which`` ('train', 'val', 'seen', 'unseen') and the vocabulary, from a data config.
 
-    ``cfg`` keys (``recipes.spatial_vqa.data_config`` writes them): data, data_seed, npz_test_fraction,
+    ``cfg`` keys (``vision_priors.recipes.spatial_vqa.data_config`` writes them): data, data_seed, npz_test_fraction,
     synthetic_per_class, train_scenes, val_scenes (for 'val'), test_scenes, patch_size, train_orders,
     test_orders, flip. Training scenes come from the train pool; validation scenes (model selection during
     training) from the train pool too, in another layout stream and the training orders, with fixed

@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor
 
-from kernels._backend import nonfinite_message
+from vision_priors.kernels._backend import nonfinite_message
 
 from .kernel_dispatch import tracing_or_compiling
 

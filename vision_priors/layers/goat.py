@@ -387,9 +387,9 @@ class GoatAttention(nn.Module):
     @torch.jit.unused
     def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
                          is_causal: bool) -> Tensor:
-        """The fused Triton kernel (``kernels.flash_prior``, GOAT mode): the prior is built in-kernel from
+        """The fused Triton kernel (``vision_priors.kernels.flash_prior``, GOAT mode): the prior is built in-kernel from
         per-position cos/sin tables, so the d_p extra q/k coordinates are never materialised."""
-        from kernels.flash_prior import flash_prior_attention
+        from vision_priors.kernels.flash_prior import flash_prior_attention
         P = self.num_prefix_tokens
         u = self.prior.key_default(coords)  # (H, N - P) or (B, H, N - P)
         if self.prior.prefix_bias is not None:

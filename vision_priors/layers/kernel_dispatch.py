@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from kernels._backend import BACKENDS, resolve_backend
+from vision_priors.kernels._backend import BACKENDS, resolve_backend
 
 __all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'key_padding_mask', 'tracing_or_compiling', 'use_flash_kernel']
 

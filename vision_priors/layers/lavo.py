@@ -241,7 +241,7 @@ class LavoAttention(nn.Module):
         qk_scale: Logit scale, default ``head_dim ** -0.5``.
         attn_drop: Dropout on attention / slot weights.
         proj_drop: Dropout after the output projection.
-        kernel_backend: 'auto' (Triton kernels ``kernels.lavo`` on CUDA tensors for 1D sequences), 'triton'
+        kernel_backend: 'auto' (Triton kernels ``vision_priors.kernels.lavo`` on CUDA tensors for 1D sequences), 'triton'
             or 'torch'; ``VISION_PRIORS_KERNELS`` overrides 'auto' (see ``kernel_dispatch``).
     """
 
@@ -466,9 +466,9 @@ class LavoAttention(nn.Module):
 
     @torch.jit.unused
     def _kernel_branches(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> Tensor:
-        """Both branches through the Triton kernels (``kernels.lavo``; 1D sequences): the chunked CODE
+        """Both branches through the Triton kernels (``vision_priors.kernels.lavo``; 1D sequences): the chunked CODE
         running mean with the slot softmax, and the windowed attention with the relative bias."""
-        from kernels.lavo import lavo_global, lavo_local
+        from vision_priors.kernels.lavo import lavo_global, lavo_local
         kw = dict(scale=self.scale, window=self.window, causal=self.causal, key_mask=valid, backend='triton')
         f_local = lavo_local(q, k, v, self.rel_bias, mode='sliding', **kw) if self.use_local else None
         if not self.context_dissection:

@@ -23,8 +23,8 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
-from kernels._backend import requested_backend
-from kernels.pope_cpu import DEFAULT_LOGITS_BYTES, load_pope_cpu_op, pope_cpu_attention
+from vision_priors.kernels._backend import requested_backend
+from vision_priors.kernels.pope_cpu import DEFAULT_LOGITS_BYTES, load_pope_cpu_op, pope_cpu_attention
 
 from .coords import check_mask_args, resolve_token_coords
 from .kernel_dispatch import check_kernel_backend, key_padding_mask, tracing_or_compiling, use_flash_kernel
@@ -299,9 +299,9 @@ class PopeAttention(nn.Module):
     @torch.jit.unused
     def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
                          is_causal: bool) -> Tensor:
-        """The fused Triton kernel (``kernels.flash_prior``, PoPE mode): softplus magnitudes and phases are
+        """The fused Triton kernel (``vision_priors.kernels.flash_prior``, PoPE mode): softplus magnitudes and phases are
         applied per tile in-kernel, so the width-2d q/k features are never materialised."""
-        from kernels.flash_prior import flash_prior_attention
+        from vision_priors.kernels.flash_prior import flash_prior_attention
         phases = self.phases
         exponents = torch.arange(phases.per_axis, dtype=coords.dtype, device=coords.device) / phases.per_axis
         ladder = torch.pow(phases.freq_base, -exponents).expand(phases.num_spatial_dims, -1)
