@@ -2,6 +2,7 @@
 
     vision-priors resolution compare ...   = python -m vision_priors.recipes.resolution_extrapolation compare ...
     vision-priors vqa train ...            = python -m vision_priors.recipes.spatial_vqa train ...
+    vision-priors pcn compare ...          = python -m vision_priors.recipes.pcn compare ...
     vision-priors scenes --out grid.png    = python -m vision_priors.recipes.data.builtin_scenes ...
 
 Recipe modules are imported only when their sub-command runs.
@@ -15,6 +16,7 @@ RECIPES: Dict[str, Tuple[str, str]] = {
     'resolution': ('vision_priors.recipes.resolution_extrapolation',
                    'resolution extrapolation: train at one resolution, evaluate at unseen ones (GOAT Fig. 5)'),
     'vqa': ('vision_priors.recipes.spatial_vqa', 'CIFAR scan-order spatial VQA (GOAT Sec. 6, Tables 9-10)'),
+    'pcn': ('vision_priors.recipes.pcn', 'PCN point-cloud completion, vanilla vs LAVO cross-attention (LAVO Table 7)'),
     'scenes': ('vision_priors.recipes.data.builtin_scenes', 'save a grid of the built-in spatial scenes'),
 }
 PROG = 'vision-priors'

@@ -20,7 +20,8 @@ CONFIG = 'config.json'
 RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every', 'cpu')
 # flags that describe a command, not one run (a sweep's lists, the output root), or that the config
 # stores on its own (the model / method and the seed of the run)
-COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed')
+COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed',
+                 'cross_attn', 'cross_attns')
 
 
 def run_settings(args: Any, **extra: Any) -> Dict[str, Any]:
