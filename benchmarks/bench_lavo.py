@@ -23,17 +23,16 @@ Example:
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import extra_peak_mib, fmt, probe_in_subprocess, time_call  # noqa: E402
 from vision_priors.layers.lavo import LavoAttention  # noqa: E402
 
 
@@ -69,42 +68,21 @@ def run_once(model: nn.Module, x: torch.Tensor, mode: str) -> None:
         model(x.requires_grad_(True)).sum().backward()
 
 
-def time_call(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
-def _status_kb(field: str) -> int:
-    with open('/proc/self/status') as f:
-        return int(re.search(rf'{field}:\s+(\d+) kB', f.read()).group(1))
 
 
 def memory_probe(impl: str, length: int, mode: str, args: argparse.Namespace) -> float:
     """In this (fresh) process: extra peak resident MiB of one call. See the module docstring."""
     model = build(impl, args)
     x = torch.randn(1, length, args.dim)
-    with open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')  # reset VmHWM to the current RSS
-    before = _status_kb('VmRSS')
-    run_once(model, x, mode)
-    return (_status_kb('VmHWM') - before) / 1024
+    return extra_peak_mib(lambda: run_once(model, x, mode))
 
 
 def measure_memory(impl: str, length: int, mode: str, args: argparse.Namespace) -> Optional[float]:
-    cmd = [sys.executable, os.path.abspath(__file__), '--_probe', f'{impl},{length},{mode}',
-           '--threads', str(torch.get_num_threads()),
-           '--dim', str(args.dim), '--heads', str(args.heads), '--slots', str(args.slots),
-           '--window', str(args.window)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f'memory probe failed for {impl} L={length} {mode}: {res.stderr.strip()[-300:]}', file=sys.stderr)
-        return None
-    return float(res.stdout.strip().splitlines()[-1])
+    return probe_in_subprocess(os.path.abspath(__file__), [
+        '--_probe', f'{impl},{length},{mode}', '--threads', str(torch.get_num_threads()), '--dim', str(args.dim),
+        '--heads', str(args.heads), '--slots', str(args.slots), '--window', str(args.window)])
 
 
 def decode_time(impl: str, context: int, args: argparse.Namespace) -> float:
@@ -138,10 +116,6 @@ def decode_time(impl: str, context: int, args: argparse.Namespace) -> float:
         return time_call(fn, args.repeats) / n
 
 
-def fmt(v: Optional[float], unit: str = '') -> str:
-    if v is None:
-        return 'n/a'
-    return f'{v * 1e3:.1f}' if unit == 'ms' else f'{v:.1f}'
 
 
 def main(argv: Optional[List[str]] = None) -> None:

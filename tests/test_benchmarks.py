@@ -53,3 +53,14 @@ def test_benchmark_smoke(script, args):
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert '| 10 |' in result.stdout  # 3 x 3 grid + class token
+
+
+def test_cross_attention_benchmark_smoke():
+    """One tiny run of the softmax vs LAVO cross-attention benchmark, with a peak-memory probe."""
+    args = ['--sources', '16', '40', '--repeats', '1', '--batch', '1', '--queries', '8', '--dim', '32', '--heads', '2',
+            '--threads', '1']
+    result = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'bench_cross_attention.py')] + args,
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith('| 16 |') or line.startswith('| 40 |')]
+    assert len(rows) == 2 and all(line.count('|') == 10 and ' - ' not in line for line in rows)
