@@ -27,9 +27,10 @@ CD-L1 of the coarse and of the fine cloud against the complete cloud. Metrics
 d2) x 1000, F-score at 0.01 on unsquared nearest-neighbour distances, all through the package's Chamfer
 op (torch path on CPU, Triton on GPU).
 
-CPU run on the built-in data (the README's table):
+CPU run on the built-in data (the README's table; far from converged, see there):
 
-  vision-priors pcn compare --seeds 0 1 --updates 600 --out outputs/pcn
+  vision-priors pcn compare --seeds 0 1 --updates 150 --batch-size 8 --num-complete 1024 --eval-every 50 \
+      --out outputs/pcn
 
 PCN scale (paper: 16,384 points, PoinTr backbone), e.g. on GPUs:
 
