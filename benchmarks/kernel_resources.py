@@ -1,7 +1,7 @@
 """Resource report of every Triton kernel configuration, compiled ahead of time (no GPU needed).
 
 Each spec of each ``kernels/*.py`` module's ``aot_specs()`` is compiled for the given compute
-capabilities with Triton's bundled ``ptxas`` (``kernels/aot.py``); the table lists registers per
+capabilities with Triton's bundled ``ptxas`` (``tools/aot.py``); the table lists registers per
 thread, spill stores / loads (bytes per thread), shared memory per block against the target's limit
 (163 KiB sm_80, 227 KiB sm_90) and the compile time. ``status`` is ``ok``, ``SPILLS`` (a default
 config spills), ``SMEM`` (over the limit) or ``ERROR`` (did not compile; the message follows the
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-from vision_priors.kernels import aot  # noqa: E402
+from tools import aot  # noqa: E402  (development tooling in the repository, not installed)
 
 
 def status(item: Any) -> str:

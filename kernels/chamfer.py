@@ -16,8 +16,13 @@ The Triton kernel tiles x against y and keeps a running (min, argmin) per row, c
 distance coordinate by coordinate as ``sum_k (x_k - y_k)^2`` (no ``|x|^2 + |y|^2 - 2 x.y``
 cancellation, so duplicate points give exactly 0). It is launched twice (x->y and y->x). Its backward
 pass (an ``autograd.Function``, in PyTorch) only gathers and scatter-adds along the indices:
-``d||x - y||^2 / dx = 2 (x - y)``, ``d||x - y|| / dx = (x - y) / ||x - y||`` (0 at distance 0); the
-PyTorch path differentiates its dense minimum to the same gradients.
+``d||x - y||^2 / dx = 2 (x - y)``, ``d||x - y|| / dx = (x - y) / ||x - y||`` (0 at distance 0).
+
+The PyTorch backend (``backend='torch'``, or CPU tensors under 'auto') is exact and memory-bounded: it
+searches the neighbours tile by tile (at most :data:`TORCH_TILE_PAIRS` point pairs at a time, the same
+coordinate-by-coordinate squared distance, strict '<' across tiles so the first index wins ties), then
+recomputes each point's distance to its neighbour by a gather, which autograd differentiates to the same
+gradients. The dense O(B N M) reference with the same signature is ``chamfer_ref.chamfer_nn_reference``.
 
 ``chamfer_distance(x, y, squared=True, reduction='mean')`` is the loss / metric, per cloud::
 
@@ -38,29 +43,22 @@ on CPU tensors 'triton' runs in Triton's interpreter (``TRITON_INTERPRET=1`` bef
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ._backend import HAS_TRITON, TORCH_TO_TRITON, empty, nonfinite_message, resolve_backend
+from ._backend import HAS_TRITON, TORCH_TO_TRITON, aot_signature, empty, resolve_backend
+from .chamfer_ref import ChamferResult, check_clouds, finish_nn
+from .chamfer_ref import chamfer_nn_reference  # noqa: F401  (also importable from here)
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ['ChamferResult', 'chamfer_nn', 'chamfer_nn_reference', 'chamfer_distance', 'chamfer_config',
-           'aot_specs']
+__all__ = ['ChamferResult', 'TORCH_TILE_PAIRS', 'chamfer_nn', 'chamfer_distance', 'chamfer_config', 'aot_specs']
 
 _REDUCTIONS = ('mean', 'sum', 'none')
-
-
-class ChamferResult(NamedTuple):
-    """Nearest neighbours both ways; distances are squared or not as requested."""
-    dist_x: Tensor  # (B, N) distance from x_i to its nearest valid y
-    idx_x: Tensor   # (B, N) int64 index into y (-1: padded x_i, or no valid y)
-    dist_y: Tensor  # (B, M)
-    idx_y: Tensor   # (B, M) int64 index into x
 
 
 def chamfer_config(dtype: torch.dtype, dim: int) -> Dict[str, int]:
@@ -76,12 +74,14 @@ def chamfer_config(dtype: torch.dtype, dim: int) -> Dict[str, int]:
 
 if HAS_TRITON:
 
+    @triton.heuristics({'HAS_YMASK': lambda args: args['YMASK'] is not None})
     @triton.jit
     def _nn_kernel(
-            X, Y, YMASK, DIST, IDX, N, M,
-            stride_xb, stride_xn, stride_xd, stride_yb, stride_ym, stride_yd, stride_mb,
+            X, Y, YMASK, DIST, IDX,
+            stride_xb, stride_xn, stride_xd, stride_yb, stride_ym, stride_yd, stride_mb, N, M,
             DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, HAS_YMASK: tl.constexpr):
-        """For BLOCK_N points of x: squared distance to, and index of, the nearest valid point of y."""
+        """For BLOCK_N points of x: squared distance to, and index of, the nearest valid point of y (YMASK:
+        optional validity of y's points, nonzero = valid)."""
         pid_n = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -123,37 +123,67 @@ def _nn_triton(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tuple[Tensor, 
     if n == 0:
         return dist, idx
     _nn_kernel[(triton.cdiv(n, cfg['BLOCK_N']), bsz)](
-        x, y, ymask if ymask is not None else dist, dist, idx, n, m,
+        x, y, ymask, dist, idx,
         x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
-        ymask.stride(0) if ymask is not None else 0,
-        DIM=dim, BLOCK_N=cfg['BLOCK_N'], BLOCK_M=cfg['BLOCK_M'], HAS_YMASK=ymask is not None,
+        ymask.stride(0) if ymask is not None else 0, n, m,
+        DIM=dim, BLOCK_N=cfg['BLOCK_N'], BLOCK_M=cfg['BLOCK_M'],
         num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
     return dist, idx
 
 
+# PyTorch backend: point pairs per tile of the neighbour search ((B, tile_n, tile_m) distances at a time)
+TORCH_TILE_PAIRS = 2 ** 22
+_TORCH_TILE_M = 4096
+
+
+def _sq_dist(x: Tensor, y: Tensor) -> Tensor:
+    """(B, n, m) squared distances ``sum_k (x_k - y_k)^2``, coordinate by coordinate (as the kernel)."""
+    d2 = (x[:, :, None, 0] - y[:, None, :, 0]) ** 2
+    for k in range(1, x.shape[-1]):
+        d2 = d2 + (x[:, :, None, k] - y[:, None, :, k]) ** 2
+    return d2
+
+
+@torch.no_grad()
+def _nn_search_torch(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tensor:
+    """Index (int64, -1 if none) of each x's nearest valid y, tile by tile in bounded memory; first index
+    among ties (``min`` keeps the first index of a tile, strict '<' keeps earlier tiles)."""
+    bsz, n, _ = x.shape
+    m = y.shape[1]
+    acc = torch.promote_types(x.dtype, torch.float32)
+    idx = torch.full((bsz, n), -1, dtype=torch.int64, device=x.device)
+    if n == 0 or m == 0 or bsz == 0:
+        return idx
+    best = torch.full((bsz, n), float('inf'), dtype=acc, device=x.device)
+    tile_m = min(m, _TORCH_TILE_M)
+    tile_n = max(1, min(n, TORCH_TILE_PAIRS // (bsz * tile_m)))
+    xf, yf = x.to(acc), y.to(acc)
+    for ns in range(0, n, tile_n):
+        ne = min(n, ns + tile_n)
+        for ms in range(0, m, tile_m):
+            me = min(m, ms + tile_m)
+            d2 = _sq_dist(xf[:, ns:ne], yf[:, ms:me])
+            if y_mask is not None:
+                d2 = d2.masked_fill(~y_mask[:, None, ms:me], float('inf'))
+            tile_min, tile_arg = d2.min(dim=2)
+            better = tile_min < best[:, ns:ne]
+            best[:, ns:ne] = torch.where(better, tile_min, best[:, ns:ne])
+            idx[:, ns:ne] = torch.where(better, tile_arg + ms, idx[:, ns:ne])
+    return idx
+
+
 def _nn_torch(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """Dense (B, N, M) version of :func:`_nn_triton` in the inputs' dtype (float64 stays float64)."""
-    d2 = ((x[:, :, None, :] - y[:, None, :, :]) ** 2).sum(-1)
-    if y_mask is not None:
-        d2 = d2.masked_fill(~y_mask[:, None, :], float('inf'))
+    """Squared distance (differentiable, float32 or float64) and index of each x's nearest valid y."""
+    idx = _nn_search_torch(x, y, y_mask)
+    acc = torch.promote_types(x.dtype, torch.float32)
     if y.shape[1] == 0:
-        return (torch.full(x.shape[:2], float('inf'), dtype=x.dtype, device=x.device),
-                torch.full(x.shape[:2], -1, dtype=torch.int64, device=x.device))
-    dist, idx = d2.min(dim=2)  # first index among ties
-    return dist, torch.where(torch.isinf(dist), -1, idx)
-
-
-def _safe_sqrt(d2: Tensor) -> Tensor:
-    """sqrt with gradient 0 (not inf / nan) at 0."""
-    pos = d2 > 0
-    return torch.where(pos, torch.where(pos, d2, 1.).sqrt(), 0.)
-
-
-def _finish(dist2: Tensor, idx: Tensor, valid: Optional[Tensor], squared: bool) -> Tuple[Tensor, Tensor]:
-    if valid is not None:
-        dist2 = dist2.masked_fill(~valid, 0.)
-        idx = idx.masked_fill(~valid, -1)
-    return (dist2 if squared else _safe_sqrt(dist2)), idx
+        return torch.full(idx.shape, float('inf'), dtype=acc, device=x.device), idx
+    nb = torch.gather(y.to(acc), 1, idx.clamp(min=0)[..., None].expand(-1, -1, y.shape[-1]))
+    xa = x.to(acc)
+    d2 = (xa[..., 0] - nb[..., 0]) ** 2  # the search's arithmetic, in the same order
+    for k in range(1, x.shape[-1]):
+        d2 = d2 + (xa[..., k] - nb[..., k]) ** 2
+    return torch.where(idx >= 0, d2, float('inf')), idx
 
 
 class _ChamferFn(torch.autograd.Function):
@@ -163,8 +193,8 @@ class _ChamferFn(torch.autograd.Function):
                 squared: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         dx2, ix = _nn_triton(x, y, y_mask)
         dy2, iy = _nn_triton(y, x, x_mask)
-        dist_x, ix = _finish(dx2, ix, x_mask, squared)
-        dist_y, iy = _finish(dy2, iy, y_mask, squared)
+        dist_x, ix = finish_nn(dx2, ix, x_mask, squared)
+        dist_y, iy = finish_nn(dy2, iy, y_mask, squared)
         dist_x, dist_y = dist_x.to(x.dtype), dist_y.to(x.dtype)
         ctx.save_for_backward(x, y, ix, iy, dist_x, dist_y)
         ctx.squared = squared
@@ -202,88 +232,6 @@ def _nn_backward(x: Tensor, y: Tensor, ix: Tensor, iy: Tensor, dist_x: Tensor, d
     return gx.to(x.dtype), gy.to(y.dtype)
 
 
-def _check_clouds(x: Tensor, y: Tensor, x_mask: Optional[Tensor], y_mask: Optional[Tensor],
-                  reduction: Optional[str]) -> None:
-    """Rejects NaN / inf points (padded ones included) and, for ``reduction`` 'mean' / 'sum', clouds
-    without a valid point. One reduction and one host sync when all is well; the messages are only built
-    on failure. Skipped under torch.compile (the sync would break the graph) and for meta tensors (no values)."""
-    if torch.compiler.is_compiling() or x.is_meta:
-        return
-    clouds = (('x', x, x_mask), ('y', y, y_mask))
-    ok = torch.isfinite(x).all() & torch.isfinite(y).all()
-    filled: List[Tensor] = []  # per cloud: (B,) whether it has a valid point
-    if reduction in ('mean', 'sum'):
-        filled = [m.any(dim=1) if m is not None else torch.full((p.shape[0],), p.shape[1] > 0, device=p.device)
-                  for _, p, m in clouds]
-        ok = ok & filled[0].all() & filled[1].all()
-    if bool(ok):
-        return
-    for name, pts, mask in clouds:
-        msg = nonfinite_message(pts, name)
-        if msg:
-            raise ValueError(msg + (' (padded points must be finite too)' if mask is not None else ''))
-    for (name, _, _), has_points in zip(clouds, filled):
-        empty_samples = (~has_points).nonzero().flatten().tolist()
-        if empty_samples:
-            raise ValueError(
-                f'cloud {name} has no valid point in sample(s) {empty_samples}: its Chamfer distance is undefined '
-                f"and reduction={reduction!r} would make the whole result nan; drop those samples, or use "
-                f"reduction='none' (nan for them)")
-
-
-def _masks(x: Tensor, y: Tensor, x_lengths: Optional[Tensor], y_lengths: Optional[Tensor],
-           x_mask: Optional[Tensor], y_mask: Optional[Tensor],
-           reduction: Optional[str] = None) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """Validates the clouds (shapes, padding, finite points; see :func:`_check_clouds` for ``reduction``)
-    and turns lengths into (B, N) / (B, M) bool masks. The one check of every entry point and backend."""
-    if x.dim() != 3 or y.dim() != 3:
-        raise ValueError(f'x and y must be (B, N, D) and (B, M, D), got {tuple(x.shape)} and {tuple(y.shape)}')
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f'batch sizes differ: x has {x.shape[0]}, y has {y.shape[0]}')
-    if x.shape[2] != y.shape[2]:
-        raise ValueError(f'point dimensions differ: x has D={x.shape[2]}, y has D={y.shape[2]}')
-    if x.shape[2] < 1:
-        raise ValueError(f'points need D >= 1 coordinates, got D={x.shape[2]}')
-    if not x.is_floating_point() or x.dtype != y.dtype:
-        raise TypeError(f'x and y must share one floating dtype, got {x.dtype} and {y.dtype}')
-    if x.device != y.device:
-        raise ValueError(f'x is on {x.device} but y is on {y.device}')
-    out = []
-    for name, pts, lengths, mask in (('x', x, x_lengths, x_mask), ('y', y, y_lengths, y_mask)):
-        bsz, n = pts.shape[0], pts.shape[1]
-        if lengths is not None and mask is not None:
-            raise ValueError(f'give {name}_lengths or {name}_mask, not both')
-        if lengths is not None:
-            if lengths.shape != (bsz,) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-                raise ValueError(f'{name}_lengths must be an integer tensor of shape ({bsz},), got '
-                                 f'{lengths.dtype} {tuple(lengths.shape)}')
-            if not lengths.is_cuda and ((lengths < 0) | (lengths > n)).any():
-                raise ValueError(f'{name}_lengths must lie in [0, {n}], got {lengths.tolist()}')
-            mask = torch.arange(n, device=pts.device)[None, :] < lengths.to(pts.device)[:, None]
-        elif mask is not None:
-            if mask.dtype != torch.bool or tuple(mask.shape) != (bsz, n):
-                raise ValueError(f'{name}_mask must be a bool tensor of shape ({bsz}, {n}), got '
-                                 f'{mask.dtype} {tuple(mask.shape)}')
-            if mask.device != pts.device:
-                raise ValueError(f'{name}_mask is on {mask.device} but {name} is on {pts.device}')
-        out.append(mask)
-    _check_clouds(x, y, out[0], out[1], reduction)
-    return out[0], out[1]
-
-
-def chamfer_nn_reference(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
-                         y_lengths: Optional[Tensor] = None, x_mask: Optional[Tensor] = None,
-                         y_mask: Optional[Tensor] = None, squared: bool = True) -> ChamferResult:
-    """Dense PyTorch nearest neighbours both ways (the reference of :func:`chamfer_nn`, same arguments
-    less ``backend``); differentiable by autograd, in the inputs' dtype."""
-    x_mask, y_mask = _masks(x, y, x_lengths, y_lengths, x_mask, y_mask)
-    dx2, ix = _nn_torch(x, y, y_mask)
-    dy2, iy = _nn_torch(y, x, x_mask)
-    dist_x, ix = _finish(dx2, ix, x_mask, squared)
-    dist_y, iy = _finish(dy2, iy, y_mask, squared)
-    return ChamferResult(dist_x, ix, dist_y, iy)
-
-
 def chamfer_nn(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None, y_lengths: Optional[Tensor] = None,
                x_mask: Optional[Tensor] = None, y_mask: Optional[Tensor] = None, squared: bool = True,
                backend: str = 'auto') -> ChamferResult:
@@ -294,20 +242,23 @@ def chamfer_nn(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None, y_lengt
         y: (B, M, D) points.
         x_lengths, y_lengths: Optional (B,) integer counts of valid (leading) points per cloud (their
             range is checked when they are on the CPU; CUDA lengths are not read back).
-        x_mask, y_mask: Optional (B, N) / (B, M) bool, True = valid point (instead of lengths).
+        x_mask, y_mask: Optional (B, N) / (B, M) bool, True = valid point (instead of lengths; checked by
+            the package's one mask check, ``_backend.check_key_mask``).
         squared: Squared Euclidean distances (True) or Euclidean distances.
-        backend: 'auto', 'triton' or 'torch'.
+        backend: 'auto', 'triton' or 'torch' (the exact tiled search, memory bounded by
+            :data:`TORCH_TILE_PAIRS`).
 
     Raises:
         ValueError: bad shapes / padding, or a NaN / inf point, named with its position
             (e.g. 'y must be finite: y[1, 7, 0] = nan'); the finiteness test reads one flag back from
             the device.
+        TypeError: a mask that is not a bool tensor.
 
     Returns:
         :class:`ChamferResult` (dist_x, idx_x, dist_y, idx_y); distances in x's dtype, differentiable in
         x and y (a padded point or one without any valid partner gets zero gradient).
     """
-    x_mask, y_mask = _masks(x, y, x_lengths, y_lengths, x_mask, y_mask)
+    x_mask, y_mask = check_clouds(x, y, x_lengths, y_lengths, x_mask, y_mask)
     return _chamfer_nn(x, y, x_mask, y_mask, squared, backend)
 
 
@@ -316,9 +267,9 @@ def _chamfer_nn(x: Tensor, y: Tensor, x_mask: Optional[Tensor], y_mask: Optional
     if resolve_backend(backend, x, y, x_mask, y_mask) == 'torch':
         dx2, ix = _nn_torch(x, y, y_mask)
         dy2, iy = _nn_torch(y, x, x_mask)
-        dist_x, ix = _finish(dx2, ix, x_mask, squared)
-        dist_y, iy = _finish(dy2, iy, y_mask, squared)
-        return ChamferResult(dist_x, ix, dist_y, iy)
+        dist_x, ix = finish_nn(dx2, ix, x_mask, squared)
+        dist_y, iy = finish_nn(dy2, iy, y_mask, squared)
+        return ChamferResult(dist_x.to(x.dtype), ix, dist_y.to(x.dtype), iy)
     if x.dtype not in TORCH_TO_TRITON:
         raise TypeError(f"backend='triton' supports float16, bfloat16 and float32 points, got {x.dtype}")
     return ChamferResult(*_ChamferFn.apply(x, y, x_mask, y_mask, bool(squared)))
@@ -350,7 +301,7 @@ def chamfer_distance(x: Tensor, y: Tensor, squared: bool = True, reduction: str 
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f'reduction must be one of {_REDUCTIONS}, got {reduction!r}')
-    x_mask, y_mask = _masks(x, y, x_lengths, y_lengths, x_mask, y_mask, reduction)
+    x_mask, y_mask = check_clouds(x, y, x_lengths, y_lengths, x_mask, y_mask, reduction)
     res = _chamfer_nn(x, y, x_mask, y_mask, squared, backend)
 
     def mean(dist: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -372,19 +323,17 @@ _AOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def aot_specs() -> List[Dict[str, Any]]:
-    """One spec per dtype for 3D points (the dispatcher's only tile choice; other D compile on demand)."""
+    """One spec per dtype for 3D points without a mask (the dispatcher's only tile choice; other D compile on
+    demand); signatures derived from the kernel's parameter list (``_backend.aot_signature``)."""
     if not HAS_TRITON:
         return []
     specs = []
-    i32 = 'i32'
     for dtype in _AOT_DTYPES:
         ty = TORCH_TO_TRITON[dtype]
         cfg = chamfer_config(dtype, 3)
-        specs.append(dict(
-            name=f'chamfer_nn_{ty}_D3', fn=_nn_kernel,
-            signature=dict(X=f'*{ty}', Y=f'*{ty}', YMASK='*u8', DIST='*fp32', IDX='*i64', N=i32, M=i32,
-                           stride_xb=i32, stride_xn=i32, stride_xd=i32, stride_yb=i32, stride_ym=i32,
-                           stride_yd=i32, stride_mb=i32),
-            constexprs=dict(DIM=3, BLOCK_N=cfg['BLOCK_N'], BLOCK_M=cfg['BLOCK_M'], HAS_YMASK=False),
-            num_warps=cfg['num_warps'], num_stages=cfg['num_stages']))
+        signature, constexprs = aot_signature(
+            _nn_kernel, {'X': f'*{ty}', 'Y': f'*{ty}', 'IDX': '*i64'}, absent={'YMASK'},
+            constexprs=dict(DIM=3, BLOCK_N=cfg['BLOCK_N'], BLOCK_M=cfg['BLOCK_M']))
+        specs.append(dict(name=f'chamfer_nn_{ty}_D3', fn=_nn_kernel, signature=signature, constexprs=constexprs,
+                          num_warps=cfg['num_warps'], num_stages=cfg['num_stages']))
     return specs

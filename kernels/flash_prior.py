@@ -11,18 +11,21 @@ layers' single-SDPA paths are never written to memory:
   (Eqs. 13-19) the kernel reads one table row ``T_n = [cos(w p_n) | sin(w p_n)]`` (width 2DR) per
   token, builds the query side ``alpha2 * T_i + beta2 * swap(T_i)`` with ``alpha2 = [alpha, alpha]``,
   ``beta2 = [beta, -beta]`` in registers once per query tile, and adds ``(that) . T_j + u_j`` to the
-  content logits. Prefix tokens have an all-zero table row (no relative term, as in ``GoatPrior``);
-  their key default is whatever ``key_default`` holds in their column (``GoatPrior.prefix_bias``).
+  content logits. Prefix tokens have an all-zero table row (no relative term); their key default is
+  whatever ``key_default`` holds in their column.
 * ``mode='pope'`` (PoPE, Eqs. 3-6): ``z_ts = scale sum_c mu_q,tc mu_k,sc cos(phi_tc - phi_sc - delta_hc)``
   with ``mu = softplus``, ``phi = pos * w_c``. Each q tile (``mu cos phi``, ``mu sin phi``) and each k
   tile (``mu cos(phi + delta)``, ``mu sin(phi + delta)``) is built once per load from the raw q/k and
   a per-position ``[cos phi | sin phi]`` table; the score is two dots of width d. Prefix tokens have
-  phase 0 and (as keys) no delta, as in ``PopePhases``. In 2D the first d/2 channels use x, the rest y.
+  phase 0 and (as keys) no delta. In 2D the first d/2 channels use x, the rest y.
 
-Masks: ``causal`` (key j <= query i, self-attention), and ``key_padding_mask`` (B, N) bool with
-**True = padded key, ignored** (the ``nn.MultiheadAttention`` convention); variable lengths are
-right- (or any-) padded batches with such a mask. A query row with no valid key outputs zeros and
-receives zero gradient. Padded *query* rows are computed normally (the caller ignores them).
+The three kernels (forward; backward dK / dV per key tile; backward dQ per query tile) build their
+per-mode tiles with the same ``@triton.jit`` helpers (``_query_tile``, ``_key_tile``, ``_logits``).
+
+Masks: ``causal`` (key j <= query i, self-attention) and ``key_mask`` (B, N) bool, **True = valid key**
+(the package's one key-mask convention, ``_backend.check_key_mask``); variable lengths are right- (or
+any-) padded batches with such a mask. A query row with no valid key outputs zeros and receives zero
+gradient. Padded *query* rows are computed normally (the caller ignores them).
 
 Gradients: q, k, v; GOAT: alpha, beta, key_default, and the tables (hence the learned frequencies
 and coordinates, by PyTorch autograd through the O(N D R) table construction) when they require
@@ -32,31 +35,14 @@ floats per tile, summed in PyTorch); table gradients need per-row partials (B, H
 only computed when the tables require grad.
 
 Precision: q/k/v fp16, bf16 or fp32; dots take the input dtype (the positional features are cast to
-it, as the layers do; PoPE's phase table is stored in it, as the layer's), accumulation, softmax
-statistics, GOAT's tables and all gradients of the positional parameters are fp32.
-``input_precision`` (a constexpr) picks tl.dot's fp32 mode: 'ieee' on the CPU interpreter and in
-tests; on GPU 'tf32' for fp32 inputs only where ``torch.backends.cuda.matmul.allow_tf32`` is set.
+it; PoPE's phase table is stored in it), accumulation, softmax statistics, GOAT's tables and all
+gradients of the positional parameters are fp32. ``tl.dot``'s precision follows the one rule of
+``_backend.dot_precision`` ('ieee' for fp32 unless PyTorch allows TF32 matmuls; 'ieee' in the
+interpreter); ``input_precision`` overrides it per call.
 
-How a layer calls it (the lead wires this; tensors as in the layers' own forward):
-
-    # GoatAttention.forward, after q, k (B, H, N, d_c; q/k-normed) and v (B, H, N, d_h):
-    coords = resolve_token_coords(...)                 # (N - P, D) or per sample (B, N - P, D)
-    u = prior.key_default(coords)                      # (H, N - P) or (B, H, N - P)
-    if P:                                              # prefix keys' default: their prefix_bias
-        u = torch.cat([prior.prefix_bias.expand(*u.shape[:-1], P), u], dim=-1)
-    out = flash_prior_attention(q, k, v, mode='goat', coords=coords,
-                                freqs=prior.frequencies(coords.dtype, coords.device),
-                                alpha=prior.alpha, beta=prior.beta, key_default=u,
-                                num_prefix_tokens=P, causal=is_causal, scale=self.content_scale)
-
-    # PopeAttention.forward, after q, k (pre-softplus, q/k-normed) and v, all (B, H, N, d):
-    ladder = freq_base ** (-torch.arange(d // D) / (d // D))        # PopePhases' per-axis ladder
-    out = flash_prior_attention(q, k, v, mode='pope', coords=coords, freqs=ladder.expand(D, -1),
-                                phase_bias=phases.phase_bias, num_prefix_tokens=P,
-                                causal=is_causal, scale=self.scale)
-
-``out`` is (B, H, N, d_v); a boolean ``attn_mask`` of shape (B, 1, 1, N) (True = attend) maps to
-``key_padding_mask=~attn_mask[:, 0, 0]``; other masks and attention dropout stay on the SDPA path.
+Optional tensors (the key mask, the table-gradient outputs, the tensors a mode does not use) are passed
+as None: ``@triton.heuristics`` derive the ``HAS_KEY_MASK`` / ``TAB_GRAD`` flags from them, and
+``aot_specs`` derives the kernels' signatures from their parameter lists (``_backend.aot_signature``).
 
 The naive dense reference with the same signature is ``vision_priors.kernels.flash_prior_ref.flash_prior_attention_ref``.
 """
@@ -70,6 +56,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import _backend
+from ._backend import (TORCH_TO_TRITON, aot_signature, empty, gpu_dot_precision, interpreting, kernel_function,
+                       next_power_of_2)
 from .flash_prior_ref import MODES, check_flash_prior_args
 
 __all__ = ['MODES', 'FlashPriorConfig', 'KernelConfig', 'aot_specs', 'choose_config', 'flash_prior_attention',
@@ -78,9 +67,6 @@ __all__ = ['MODES', 'FlashPriorConfig', 'KernelConfig', 'aot_specs', 'choose_con
 _MODE_ID = {'plain': 0, 'goat': 1, 'pope': 2}
 _LOG2E = tl.constexpr(1.4426950408889634)
 _MAX_HEAD_DIM = 128
-
-# Test hook: allocate every kernel output with NaN so that an element the kernel forgets to write fails.
-_DEBUG_NAN_FILL = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,28 +167,110 @@ def _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, dt: tl.c
 
 
 @triton.jit
-def _key_valid(kpm_base, offs_n, N, HAS_KPM: tl.constexpr):
+def _offset(PTR, offset, USED: tl.constexpr):
+    """``PTR + offset`` for a tensor the launch uses; ``PTR`` itself (None) otherwise."""
+    base = PTR
+    if USED:
+        base = PTR + offset
+    return base
+
+
+@triton.jit
+def _key_valid(KEY_MASK, row_offset, offs_n, N, HAS_KEY_MASK: tl.constexpr):
+    """Keys inside the sequence and, with a key mask (True = valid), marked valid."""
     ok = offs_n < N
-    if HAS_KPM:
-        pad = tl.load(kpm_base + offs_n, mask=ok, other=1)
-        ok = ok & (pad == 0)
+    if HAS_KEY_MASK:
+        valid = tl.load(KEY_MASK + row_offset + offs_n, mask=ok, other=0)
+        ok = ok & (valid != 0)
     return ok
+
+
+@triton.jit
+def _head_constants(ALPHA2, BETA2, DELTA, h, offs_d, offs_p, D_QK, NP, MODE: tl.constexpr):
+    """Head h's constants of the prior: GOAT's doubled mode weights (alpha2, beta2; zero outside 2 NP) and
+    PoPE's (cos delta, sin delta). The ones a mode does not use are placeholders."""
+    alpha2 = offs_p
+    beta2 = offs_p
+    cos_d = offs_d
+    sin_d = offs_d
+    if MODE == 1:
+        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
+    if MODE == 2:
+        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_d, D_QK)
+    return alpha2, beta2, cos_d, sin_d
+
+
+@triton.jit
+def _query_tile(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_d, offs_p, N, D_QK, NP, alpha2, beta2,
+                MODE: tl.constexpr):
+    """A query tile's features in q's dtype: ``qa`` (plain / GOAT: q; PoPE: softplus(q) cos phi), ``qb``
+    (PoPE: softplus(q) sin phi) and ``q_rel`` (GOAT: alpha2 * T + beta2 * swap(T)); placeholders otherwise."""
+    if MODE == 2:
+        qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_d, N, D_QK)
+    else:
+        qa = _load_rows(q_base, stride_qn, offs_m, offs_d, N, D_QK)
+        qb = qa
+    q_rel = qa
+    if MODE == 1:
+        t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
+        q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(q_base.dtype.element_ty)
+    return qa, qb, q_rel
+
+
+@triton.jit
+def _key_tile(k_base, stride_kn, tab_base, stride_tn, u_base, offs_n, offs_d, offs_p, N, D_QK, NP, cos_d, sin_d,
+              NUM_PREFIX, MODE: tl.constexpr):
+    """A key tile's features in k's dtype: ``ka`` (plain / GOAT: k; PoPE: softplus(k) cos(phi + delta)),
+    ``kb`` (PoPE: softplus(k) sin(phi + delta)), GOAT's table rows ``t_k`` and key defaults ``u`` (fp32);
+    placeholders otherwise."""
+    if MODE == 2:
+        ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_d, N, D_QK,
+                                    cos_d, sin_d, NUM_PREFIX)
+    else:
+        ka = _load_rows(k_base, stride_kn, offs_n, offs_d, N, D_QK)
+        kb = ka
+    t_k = ka
+    u = offs_n
+    if MODE == 1:
+        t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, k_base.dtype.element_ty)
+    return ka, kb, t_k, u
+
+
+@triton.jit
+def _logits(a1, a2, a_rel, b1, b2, b_rel, u, qk_scale, MODE: tl.constexpr, U_ON_ROWS: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr):
+    """Base-2 logits of one tile between row features ``a`` and column features ``b`` (queries x keys, or
+    keys x queries in the dK / dV kernel): ``scale (a1 . b1 [+ PoPE: a2 . b2]) [+ GOAT: a_rel . b_rel + u]``,
+    times log2(e); ``u`` (the keys' defaults) runs along the rows if ``U_ON_ROWS``, else the columns."""
+    s = tl.dot(a1, tl.trans(b1), input_precision=INPUT_PRECISION)
+    if MODE == 2:
+        s = tl.dot(a2, tl.trans(b2), s, input_precision=INPUT_PRECISION)
+    s = s * qk_scale
+    if MODE == 1:
+        prior = tl.dot(a_rel, tl.trans(b_rel), input_precision=INPUT_PRECISION)
+        if U_ON_ROWS:
+            prior = prior + u[:, None]
+        else:
+            prior = prior + u[None, :]
+        s += prior * _LOG2E
+    return s
 
 
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
 
+@triton.heuristics({'HAS_KEY_MASK': lambda args: args['KEY_MASK'] is not None})
 @triton.jit
 def _flash_prior_fwd(
-        Q, K, V, OUT, LSE, KPM, TAB, ALPHA2, BETA2, U, DELTA,
+        Q, K, V, OUT, LSE, KEY_MASK, TAB, ALPHA2, BETA2, U, DELTA,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_ob, stride_oh, stride_on,
         stride_mb, stride_tb, stride_tn, stride_ub, stride_uh,
         H, N, D_QK, D_V, NP, NUM_PREFIX, sm_scale,
-        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,
+        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
         BLOCK_P: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One (query tile, batch * head): O = softmax(z) V and the base-2 log-sum-exp of every row."""
@@ -214,9 +282,8 @@ def _flash_prior_fwd(
     q_base = Q + b * stride_qb + h * stride_qh
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    tab_base = TAB + b * stride_tb
-    u_base = U + b * stride_ub + h * stride_uh
-    kpm_base = KPM + b * stride_mb
+    tab_base = _offset(TAB, b * stride_tb, MODE != 0)
+    u_base = _offset(U, b * stride_ub + h * stride_uh, MODE == 1)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_nb = tl.arange(0, BLOCK_N)
@@ -226,15 +293,9 @@ def _flash_prior_fwd(
     qk_scale = sm_scale * _LOG2E
 
     # query-side features, built once for this tile
-    if MODE == 2:
-        qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
-        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
-    else:
-        qa = _load_rows(q_base, stride_qn, offs_m, offs_dq, N, D_QK)
-    if MODE == 1:
-        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
-        t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
-        q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(DT)
+    alpha2, beta2, cos_d, sin_d = _head_constants(ALPHA2, BETA2, DELTA, h, offs_dq, offs_p, D_QK, NP, MODE)
+    qa, qb, q_rel = _query_tile(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, offs_p, N, D_QK, NP,
+                                alpha2, beta2, MODE)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -246,20 +307,10 @@ def _flash_prior_fwd(
         hi = N
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_nb
-        if MODE == 2:
-            ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
-                                        cos_d, sin_d, NUM_PREFIX)
-            qk = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
-            qk = tl.dot(qb, tl.trans(kb), qk, input_precision=INPUT_PRECISION)
-        else:
-            ka = _load_rows(k_base, stride_kn, offs_n, offs_dq, N, D_QK)
-            qk = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
-        s = qk * qk_scale
-        if MODE == 1:
-            t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
-            prior = tl.dot(q_rel, tl.trans(t_k), input_precision=INPUT_PRECISION) + u[None, :]
-            s += prior * _LOG2E
-        valid = _key_valid(kpm_base, offs_n, N, HAS_KPM)[None, :]
+        ka, kb, t_k, u = _key_tile(k_base, stride_kn, tab_base, stride_tn, u_base, offs_n, offs_dq, offs_p, N,
+                                   D_QK, NP, cos_d, sin_d, NUM_PREFIX, MODE)
+        s = _logits(qa, qb, q_rel, ka, kb, t_k, u, qk_scale, MODE, False, INPUT_PRECISION)
+        valid = _key_valid(KEY_MASK, b * stride_mb, offs_n, N, HAS_KEY_MASK)[None, :]
         if CAUSAL:
             valid = valid & (offs_m[:, None] >= offs_n[None, :])
         s = tl.where(valid, s, float('-inf'))
@@ -286,9 +337,11 @@ def _flash_prior_fwd(
 # Backward: dK, dV (and du, key-side table grads, delta partials) per key tile
 # ----------------------------------------------------------------------------------------------
 
+@triton.heuristics({'HAS_KEY_MASK': lambda args: args['KEY_MASK'] is not None,
+                    'TAB_GRAD': lambda args: args['GK'] is not None})
 @triton.jit
 def _flash_prior_bwd_dkdv(
-        Q, K, V, DO, LSE, DSUM, DK, DV, DU, GK, DDELTA, KPM, TAB, ALPHA2, BETA2, U, DELTA,
+        Q, K, V, DO, LSE, DSUM, DK, DV, DU, GK, DDELTA, KEY_MASK, TAB, ALPHA2, BETA2, U, DELTA,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
@@ -297,7 +350,7 @@ def _flash_prior_bwd_dkdv(
         stride_dvb, stride_dvh, stride_dvn,
         stride_mb, stride_tb, stride_tn, stride_ub, stride_uh,
         H, N, D_QK, D_V, NP, NUM_PREFIX, NUM_NT, sm_scale,
-        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, TAB_GRAD: tl.constexpr,
+        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KEY_MASK: tl.constexpr, TAB_GRAD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
         BLOCK_P: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One (key tile, batch * head): dV = P^T dO, dK = scale dS^T Q, plus the prior's key-side grads."""
@@ -310,8 +363,8 @@ def _flash_prior_bwd_dkdv(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     do_base = DO + b * stride_dob + h * stride_doh
-    tab_base = TAB + b * stride_tb
-    u_base = U + b * stride_ub + h * stride_uh
+    tab_base = _offset(TAB, b * stride_tb, MODE != 0)
+    u_base = _offset(U, b * stride_ub + h * stride_uh, MODE == 1)
     row_base = pid_bh.to(tl.int64) * N
 
     start_n = pid_n * BLOCK_N
@@ -323,22 +376,16 @@ def _flash_prior_bwd_dkdv(
     n_ok = offs_n < N
     qk_scale = sm_scale * _LOG2E
 
+    alpha2, beta2, cos_d, sin_d = _head_constants(ALPHA2, BETA2, DELTA, h, offs_dq, offs_p, D_QK, NP, MODE)
+    ka, kb, t_k, u = _key_tile(k_base, stride_kn, tab_base, stride_tn, u_base, offs_n, offs_dq, offs_p, N,
+                               D_QK, NP, cos_d, sin_d, NUM_PREFIX, MODE)
     if MODE == 2:
-        d_ok = offs_dq < D_QK
-        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
-        ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
-                                    cos_d, sin_d, NUM_PREFIX)
         dkb = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
-    else:
-        ka = _load_rows(k_base, stride_kn, offs_n, offs_dq, N, D_QK)
     if MODE == 1:
-        p_ok = offs_p < 2 * NP
-        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
-        t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
         g_k = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
         d_u = tl.zeros([BLOCK_N], dtype=tl.float32)
     v = _load_rows(v_base, stride_vn, offs_n, offs_dv, N, D_V)
-    k_ok = _key_valid(KPM + b * stride_mb, offs_n, N, HAS_KPM)
+    k_ok = _key_valid(KEY_MASK, b * stride_mb, offs_n, N, HAS_KEY_MASK)
     dka = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
@@ -349,19 +396,9 @@ def _flash_prior_bwd_dkdv(
     for start_m in range(lo, N, BLOCK_M):
         offs_m = start_m + offs_mb
         m_ok = offs_m < N
-        if MODE == 2:
-            qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
-            s_t = tl.dot(ka, tl.trans(qa), input_precision=INPUT_PRECISION)
-            s_t = tl.dot(kb, tl.trans(qb), s_t, input_precision=INPUT_PRECISION)
-        else:
-            qa = _load_rows(q_base, stride_qn, offs_m, offs_dq, N, D_QK)
-            s_t = tl.dot(ka, tl.trans(qa), input_precision=INPUT_PRECISION)
-        s_t = s_t * qk_scale
-        if MODE == 1:
-            t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
-            q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(DT)
-            prior_t = tl.dot(t_k, tl.trans(q_rel), input_precision=INPUT_PRECISION) + u[:, None]
-            s_t += prior_t * _LOG2E
+        qa, qb, q_rel = _query_tile(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, offs_p, N, D_QK, NP,
+                                    alpha2, beta2, MODE)
+        s_t = _logits(ka, kb, t_k, qa, qb, q_rel, u, qk_scale, MODE, True, INPUT_PRECISION)
         lse = tl.load(LSE + row_base + offs_m, mask=m_ok, other=float('inf'))
         dsum = tl.load(DSUM + row_base + offs_m, mask=m_ok, other=0.0)
         valid = k_ok[:, None] & m_ok[None, :]
@@ -396,23 +433,26 @@ def _flash_prior_bwd_dkdv(
         tl.store(dk_ptr, (d_mu * _sigmoid(k_raw)).to(DK.dtype.element_ty), mask=dk_mask)
         d_phase = mu_k * (dkb * c_k - dka * s_k)
         d_phase = tl.where((offs_n >= NUM_PREFIX)[:, None], d_phase, 0.0)
-        tl.store(DDELTA + (pid_bh.to(tl.int64) * NUM_NT + pid_n) * D_QK + offs_dq, tl.sum(d_phase, 0), mask=d_ok)
+        tl.store(DDELTA + (pid_bh.to(tl.int64) * NUM_NT + pid_n) * D_QK + offs_dq, tl.sum(d_phase, 0),
+                 mask=offs_dq < D_QK)
     else:
         tl.store(dk_ptr, (dka * sm_scale).to(DK.dtype.element_ty), mask=dk_mask)
     if MODE == 1:
         tl.store(DU + row_base + offs_n, d_u, mask=n_ok)
         if TAB_GRAD:
             gk_ptr = GK + (row_base + offs_n[:, None]) * (2 * NP) + offs_p[None, :]
-            tl.store(gk_ptr, g_k, mask=n_ok[:, None] & p_ok[None, :])
+            tl.store(gk_ptr, g_k, mask=n_ok[:, None] & (offs_p < 2 * NP)[None, :])
 
 
 # ----------------------------------------------------------------------------------------------
 # Backward: dQ (and alpha / beta partials, query-side table grads) per query tile
 # ----------------------------------------------------------------------------------------------
 
+@triton.heuristics({'HAS_KEY_MASK': lambda args: args['KEY_MASK'] is not None,
+                    'TAB_GRAD': lambda args: args['GQ'] is not None})
 @triton.jit
 def _flash_prior_bwd_dq(
-        Q, K, V, DO, LSE, DSUM, DQ, GQ, DAB, KPM, TAB, ALPHA2, BETA2, U, DELTA,
+        Q, K, V, DO, LSE, DSUM, DQ, GQ, DAB, KEY_MASK, TAB, ALPHA2, BETA2, U, DELTA,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
@@ -420,7 +460,7 @@ def _flash_prior_bwd_dq(
         stride_dqb, stride_dqh, stride_dqn,
         stride_mb, stride_tb, stride_tn, stride_ub, stride_uh,
         H, N, D_QK, D_V, NP, NUM_PREFIX, NUM_MT, sm_scale,
-        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, TAB_GRAD: tl.constexpr,
+        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_KEY_MASK: tl.constexpr, TAB_GRAD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
         BLOCK_P: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One (query tile, batch * head): dQ = scale dS K, plus alpha / beta partial sums of this tile."""
@@ -432,9 +472,8 @@ def _flash_prior_bwd_dq(
     q_base = Q + b * stride_qb + h * stride_qh
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    tab_base = TAB + b * stride_tb
-    u_base = U + b * stride_ub + h * stride_uh
-    kpm_base = KPM + b * stride_mb
+    tab_base = _offset(TAB, b * stride_tb, MODE != 0)
+    u_base = _offset(U, b * stride_ub + h * stride_uh, MODE == 1)
     row_base = pid_bh.to(tl.int64) * N
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -445,17 +484,12 @@ def _flash_prior_bwd_dq(
     m_ok = offs_m < N
     qk_scale = sm_scale * _LOG2E
 
+    alpha2, beta2, cos_d, sin_d = _head_constants(ALPHA2, BETA2, DELTA, h, offs_dq, offs_p, D_QK, NP, MODE)
+    qa, qb, q_rel = _query_tile(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, offs_p, N, D_QK, NP,
+                                alpha2, beta2, MODE)
     if MODE == 2:
-        cos_d, sin_d = _pope_phase_bias(DELTA, h, offs_dq, D_QK)
-        qa, qb = _pope_query_features(q_base, stride_qn, tab_base, stride_tn, offs_m, offs_dq, N, D_QK)
         dqb = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
-    else:
-        qa = _load_rows(q_base, stride_qn, offs_m, offs_dq, N, D_QK)
     if MODE == 1:
-        p_ok = offs_p < 2 * NP
-        alpha2, beta2 = _goat_mode_weights(ALPHA2, BETA2, h, offs_p, NP)
-        t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
-        q_rel = (alpha2[None, :] * t_q + beta2[None, :] * t_sw).to(DT)
         g_q = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
     lse = tl.load(LSE + row_base + offs_m, mask=m_ok, other=float('inf'))
     dsum = tl.load(DSUM + row_base + offs_m, mask=m_ok, other=0.0)
@@ -468,19 +502,10 @@ def _flash_prior_bwd_dq(
         hi = N
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_nb
-        if MODE == 2:
-            ka, kb = _pope_key_features(k_base, stride_kn, tab_base, stride_tn, offs_n, offs_dq, N, D_QK,
-                                        cos_d, sin_d, NUM_PREFIX)
-            s = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
-            s = tl.dot(qb, tl.trans(kb), s, input_precision=INPUT_PRECISION)
-        else:
-            ka = _load_rows(k_base, stride_kn, offs_n, offs_dq, N, D_QK)
-            s = tl.dot(qa, tl.trans(ka), input_precision=INPUT_PRECISION)
-        s = s * qk_scale
-        if MODE == 1:
-            t_k, u = _goat_key_prior(tab_base, stride_tn, u_base, offs_n, offs_p, N, NP, DT)
-            s += (tl.dot(q_rel, tl.trans(t_k), input_precision=INPUT_PRECISION) + u[None, :]) * _LOG2E
-        valid = _key_valid(kpm_base, offs_n, N, HAS_KPM)[None, :] & m_ok[:, None]
+        ka, kb, t_k, u = _key_tile(k_base, stride_kn, tab_base, stride_tn, u_base, offs_n, offs_dq, offs_p, N,
+                                   D_QK, NP, cos_d, sin_d, NUM_PREFIX, MODE)
+        s = _logits(qa, qb, q_rel, ka, kb, t_k, u, qk_scale, MODE, False, INPUT_PRECISION)
+        valid = _key_valid(KEY_MASK, b * stride_mb, offs_n, N, HAS_KEY_MASK)[None, :] & m_ok[:, None]
         if CAUSAL:
             valid = valid & (offs_m[:, None] >= offs_n[None, :])
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
@@ -504,6 +529,8 @@ def _flash_prior_bwd_dq(
         tl.store(dq_ptr, (dqa * sm_scale).to(DQ.dtype.element_ty), mask=dq_mask)
     if MODE == 1:
         # q_rel = alpha2 * T + beta2 * swap(T): this tile's share of dL/dalpha2 and dL/dbeta2
+        p_ok = offs_p < 2 * NP
+        t_q, t_sw = _goat_tables(tab_base, stride_tn, offs_m, offs_p, N, NP)
         dab_base = DAB + (pid_bh.to(tl.int64) * NUM_MT + pid_m) * (4 * NP)
         tl.store(dab_base + offs_p, tl.sum(g_q * t_q, 0), mask=p_ok)
         tl.store(dab_base + 2 * NP + offs_p, tl.sum(g_q * t_sw, 0), mask=p_ok)
@@ -534,11 +561,6 @@ class FlashPriorConfig:
     input_precision: str
 
 
-def _is_interpreter() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter now (TRITON_INTERPRET, read at call time)."""
-    return bool(triton.knobs.runtime.interpret)
-
-
 _OTHER_FORM: Dict[bool, Any] = {}
 
 
@@ -552,11 +574,11 @@ def _kernels(interpret: bool) -> Tuple[Any, Any, Any]:
     ``tl`` library functions) imported with TRITON_INTERPRET=1: otherwise a clear error.
     """
     from triton.runtime.interpreter import InterpretedFunction
-    if interpret and not isinstance(tl.zeros, InterpretedFunction):
+    if interpret and not interpreting():
         raise RuntimeError('TRITON_INTERPRET=1 was set after triton was imported in compiler mode; Triton\'s '
                            'interpreter needs it set before the first `import triton` of the process')
     module: Any = sys.modules[__name__]
-    if isinstance(_flash_prior_fwd, InterpretedFunction) != interpret:
+    if isinstance(kernel_function(_flash_prior_fwd), InterpretedFunction) != interpret:
         if interpret not in _OTHER_FORM:
             name = f'{__name__}__{"interpreted" if interpret else "compiled"}'
             spec = importlib.util.spec_from_file_location(name, __file__)
@@ -570,23 +592,20 @@ def _kernels(interpret: bool) -> Tuple[Any, Any, Any]:
     return module._flash_prior_fwd, module._flash_prior_bwd_dkdv, module._flash_prior_bwd_dq
 
 
-def _pow2_width(d: int) -> int:
-    return max(16, triton.next_power_of_2(int(d)))
-
-
 # Default GPU launch parameters (sm_80 and sm_90 alike) per (mode, padded head dim) for 16-bit
 # inputs: (fwd, bwd_dkdv, bwd_dq) as KernelConfig(block_m, block_n, num_warps, num_stages). Chosen
 # with ``ptxas -v`` (Triton 3.8's bundled ptxas; all 108 aot_specs x sm_80 / sm_90): no register
 # spills, shared memory within a block's limit. Comments: registers per thread, max over fp16 / bf16
 # and causal or not, sm_80 / sm_90. Head dim 16 uses the 32 row. PoPE carries two feature tiles per
-# operand (an effective width 2d), hence its smaller tiles. Not yet timed on a GPU.
+# operand (an effective width 2d), hence its smaller tiles. Not yet timed on a GPU. (*) GOAT d64 dQ: one
+# stage since the kernels build their tiles with the shared helpers (two stages spilled 32 B on sm_80).
 _K = KernelConfig
 _GPU_TILES: Dict[Tuple[str, int], Tuple[KernelConfig, KernelConfig, KernelConfig]] = {
     ('plain', 32): (_K(128, 64, 4, 3), _K(64, 64, 4, 2), _K(64, 64, 4, 2)),  # 185/168, 166/162, 185/145
     ('plain', 64): (_K(128, 64, 8, 3), _K(32, 64, 4, 2), _K(64, 64, 4, 2)),  # 181/122, 185/157, 194/180
     ('plain', 128): (_K(128, 64, 8, 3), _K(64, 64, 8, 2), _K(64, 64, 8, 2)),  # 199/170, 178/218, 179/190
     ('goat', 32): (_K(64, 64, 4, 3), _K(32, 64, 4, 2), _K(64, 32, 4, 2)),  # 188/163, 181/152, 186/149
-    ('goat', 64): (_K(128, 64, 8, 3), _K(32, 64, 8, 2), _K(64, 64, 8, 2)),  # 221/223, 255/177, 255/212
+    ('goat', 64): (_K(128, 64, 8, 3), _K(32, 64, 8, 2), _K(64, 64, 8, 1)),  # 221/223, 255/177, 255/238 (*)
     ('goat', 128): (_K(128, 32, 8, 3), _K(32, 32, 8, 1), _K(64, 32, 8, 2)),  # 255/191, 193/194, 255/186
     ('pope', 32): (_K(64, 64, 4, 3), _K(32, 64, 8, 2), _K(64, 32, 4, 2)),  # 181/143, 182/144, 255/188
     ('pope', 64): (_K(128, 64, 8, 2), _K(64, 32, 8, 2), _K(32, 32, 4, 2)),  # 184/200, 177/179, 228/225
@@ -594,7 +613,7 @@ _GPU_TILES: Dict[Tuple[str, int], Tuple[KernelConfig, KernelConfig, KernelConfig
 }
 
 
-# fp32 inputs (rare on GPU: autocast gives 16-bit). With IEEE dots (PyTorch's default: no TF32)
+# fp32 inputs (rare on GPU: autocast gives 16-bit). With IEEE dots (the one rule, ``_backend.dot_precision``)
 # tl.dot runs on FMA units and holds both operands in registers, so the tiles are small. ptxas:
 # no spills for head dims 32 and 64; at 128 the backward dQ kernel still spills (about 200-500 B per
 # thread in every tile tried down to 16 x 16): correct but slow, use 16-bit inputs there.
@@ -609,7 +628,7 @@ del _mode
 
 def choose_config(head_dim: int, dtype: torch.dtype, mode: str,
                   device: Union[torch.device, str]) -> FlashPriorConfig:
-    """Tiles, warps, stages and fp32 dot precision the runtime uses (and ``aot_specs`` lists).
+    """Tiles, warps, stages and dot precision the runtime uses on ``device`` (and ``aot_specs`` lists).
 
     Args:
         head_dim: The wider of the q/k and v head widths (GOAT: d_h; PoPE / plain: d).
@@ -620,7 +639,7 @@ def choose_config(head_dim: int, dtype: torch.dtype, mode: str,
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     device = torch.device(device)
-    width = _pow2_width(head_dim)
+    width = next_power_of_2(head_dim)
     if width > _MAX_HEAD_DIM:
         raise ValueError(f'head dim {head_dim} exceeds the supported maximum {_MAX_HEAD_DIM}')
     if device.type != 'cuda':
@@ -629,20 +648,13 @@ def choose_config(head_dim: int, dtype: torch.dtype, mode: str,
     fwd, dkdv, dq = _GPU_TILES[(mode, max(32, width))]
     if dtype == torch.float32:  # fp32 operands: twice the bytes per tile element
         fwd, dkdv, dq = _GPU_TILES_FP32.get((mode, max(32, width)), (fwd, dkdv, dq))
-    # fp32: TF32 dots only where PyTorch allows them for matmuls (its default: no); 16-bit: ignored
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return FlashPriorConfig(fwd, dkdv, dq, 'tf32' if tf32 else 'ieee')
+    # the one rule of every kernel: fp32 'ieee' unless PyTorch allows TF32 matmuls; 16-bit operands ignore it
+    return FlashPriorConfig(fwd, dkdv, dq, gpu_dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32))
 
 
 # ----------------------------------------------------------------------------------------------
 # Python side: tables, validation, autograd
 # ----------------------------------------------------------------------------------------------
-
-def _alloc(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    if _DEBUG_NAN_FILL:
-        return torch.full(shape, float('nan'), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
 
 def _with_prefix_rows(rows: Tensor, num_prefix: int, fill: float) -> Tensor:
     if num_prefix == 0:
@@ -688,84 +700,81 @@ def pope_tables(coords: Tensor, freqs: Tensor, num_prefix_tokens: int = 0) -> Te
     return table
 
 
-def _dummy(device: torch.device) -> Tensor:
-    return torch.zeros(1, dtype=torch.float32, device=device)
-
-
 def _bhn_strides(x: Tensor) -> Tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-def _pos_strides(kpm: Optional[Tensor], table: Tensor, u: Tensor) -> Tuple[int, int, int, int, int]:
-    """Batch / row strides of the mask, the (1 or B, N, 2 NP) table and the (H, N) / (B, H, N) key
-    default; a broadcast batch dimension gets stride 0; dummies (1-D) get zeros."""
-    return (kpm.stride(0) if kpm is not None else 0,
-            table.stride(0) if table.dim() == 3 and table.shape[0] > 1 else 0,
-            table.stride(1) if table.dim() == 3 else 0,
-            u.stride(0) if u.dim() == 3 and u.shape[0] > 1 else 0,
-            u.stride(-2) if u.dim() >= 2 else 0)
+def _pos_strides(key_mask: Optional[Tensor], table: Optional[Tensor],
+                 u: Optional[Tensor]) -> Tuple[int, int, int, int, int]:
+    """Batch / row strides of the key mask, the (1 or B, N, 2 NP) table and the (H, N) / (B, H, N) key
+    default; a broadcast batch dimension gets stride 0; absent tensors get zeros."""
+    return (key_mask.stride(0) if key_mask is not None else 0,
+            table.stride(0) if table is not None and table.shape[0] > 1 else 0,
+            table.stride(1) if table is not None else 0,
+            u.stride(0) if u is not None and u.dim() == 3 and u.shape[0] > 1 else 0,
+            u.stride(-2) if u is not None else 0)
+
+
+def _block_p(mode: str, half_width: int) -> int:
+    return next_power_of_2(2 * half_width) if mode == 'goat' else 16
 
 
 class _FlashPriorFunction(torch.autograd.Function):
-    """Autograd wrapper of the three kernels (positional inputs: fp32, PoPE table in the input dtype,
-    1-element dummies where a mode does not use them)."""
+    """Autograd wrapper of the three kernels (positional inputs: fp32, PoPE table in the input dtype;
+    None where a mode does not use them)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, table: Tensor, alpha2: Tensor, beta2: Tensor,
-                u: Tensor, delta: Tensor, kpm: Optional[Tensor], mode: str, causal: bool, scale: float,
-                num_prefix: int, half_width: int, config: FlashPriorConfig) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, table: Optional[Tensor], alpha2: Optional[Tensor],
+                beta2: Optional[Tensor], u: Optional[Tensor], delta: Optional[Tensor], key_mask: Optional[Tensor],
+                mode: str, causal: bool, scale: float, num_prefix: int, half_width: int,
+                config: FlashPriorConfig) -> Tensor:
         B, H, N, d_qk = q.shape
         d_v = v.shape[-1]
-        mode_id = _MODE_ID[mode]
-        out = _alloc((B, H, N, d_v), q.dtype, q.device)
-        lse = _alloc((B, H, N), torch.float32, q.device)
-        kpm_t = kpm if kpm is not None else torch.zeros(1, dtype=torch.uint8, device=q.device)
+        out = empty(B, H, N, d_v, dtype=q.dtype, device=q.device)
+        lse = empty(B, H, N, dtype=torch.float32, device=q.device)
         fc = config.fwd
         grid = (triton.cdiv(N, fc.block_m), B * H)
-        fwd_kernel = _kernels(_is_interpreter())[0]
+        fwd_kernel = _kernels(interpreting())[0]
         fwd_kernel[grid](
-            q, k, v, out, lse, kpm_t, table, alpha2, beta2, u, delta,
+            q, k, v, out, lse, key_mask, table, alpha2, beta2, u, delta,
             *_bhn_strides(q), *_bhn_strides(k), *_bhn_strides(v), *_bhn_strides(out),
-            *_pos_strides(kpm, table, u),
+            *_pos_strides(key_mask, table, u),
             H, N, d_qk, d_v, half_width, num_prefix, scale,
-            MODE=mode_id, CAUSAL=causal, HAS_KPM=kpm is not None,
-            BLOCK_M=fc.block_m, BLOCK_N=fc.block_n, BLOCK_DQK=_pow2_width(d_qk), BLOCK_DV=_pow2_width(d_v),
-            BLOCK_P=_pow2_width(2 * half_width) if mode == 'goat' else 16,
+            MODE=_MODE_ID[mode], CAUSAL=causal,
+            BLOCK_M=fc.block_m, BLOCK_N=fc.block_n, BLOCK_DQK=next_power_of_2(d_qk),
+            BLOCK_DV=next_power_of_2(d_v), BLOCK_P=_block_p(mode, half_width),
             INPUT_PRECISION=config.input_precision, num_warps=fc.num_warps, num_stages=fc.num_stages)
-        ctx.save_for_backward(q, k, v, out, lse, table, alpha2, beta2, u, delta, kpm_t)
-        ctx.meta = (mode, causal, scale, num_prefix, half_width, config, kpm is not None)
+        ctx.save_for_backward(q, k, v, out, lse, table, alpha2, beta2, u, delta, key_mask)
+        ctx.meta = (mode, causal, scale, num_prefix, half_width, config)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor):
-        q, k, v, out, lse, table, alpha2, beta2, u, delta, kpm_t = ctx.saved_tensors
-        mode, causal, scale, num_prefix, half_width, config, has_kpm = ctx.meta
+        q, k, v, out, lse, table, alpha2, beta2, u, delta, key_mask = ctx.saved_tensors
+        mode, causal, scale, num_prefix, half_width, config = ctx.meta
         B, H, N, d_qk = q.shape
         d_v = v.shape[-1]
         dev = q.device
-        mode_id = _MODE_ID[mode]
         grad_out = grad_out.contiguous()
         dsum = (grad_out.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), (B, H, N)
         tab_grad = mode == 'goat' and ctx.needs_input_grad[3]
         np2 = 2 * half_width
-        dq = _alloc(q.shape, q.dtype, dev)
-        dk = _alloc(k.shape, k.dtype, dev)
-        dv = _alloc(v.shape, v.dtype, dev)
-        common = dict(MODE=mode_id, CAUSAL=causal, HAS_KPM=has_kpm, TAB_GRAD=tab_grad,
-                      BLOCK_DQK=_pow2_width(d_qk), BLOCK_DV=_pow2_width(d_v),
-                      BLOCK_P=_pow2_width(np2) if mode == 'goat' else 16,
+        dq = empty(q.shape, dtype=q.dtype, device=dev)
+        dk = empty(k.shape, dtype=k.dtype, device=dev)
+        dv = empty(v.shape, dtype=v.dtype, device=dev)
+        common = dict(MODE=_MODE_ID[mode], CAUSAL=causal, BLOCK_DQK=next_power_of_2(d_qk),
+                      BLOCK_DV=next_power_of_2(d_v), BLOCK_P=_block_p(mode, half_width),
                       INPUT_PRECISION=config.input_precision)
-        pos_strides = _pos_strides(kpm_t if has_kpm else None, table, u)
-        dummy = _dummy(dev)
+        pos_strides = _pos_strides(key_mask, table, u)
 
         kc = config.bwd_dkdv
         num_nt = triton.cdiv(N, kc.block_n)
-        du = _alloc((B, H, N), torch.float32, dev) if mode == 'goat' else dummy
-        gk = _alloc((B, H, N, np2), torch.float32, dev) if tab_grad else dummy
-        ddelta = _alloc((B, H, num_nt, d_qk), torch.float32, dev) if mode == 'pope' else dummy
-        _, dkdv_kernel, dq_kernel = _kernels(_is_interpreter())
+        du = empty(B, H, N, dtype=torch.float32, device=dev) if mode == 'goat' else None
+        gk = empty(B, H, N, np2, dtype=torch.float32, device=dev) if tab_grad else None
+        ddelta = empty(B, H, num_nt, d_qk, dtype=torch.float32, device=dev) if mode == 'pope' else None
+        _, dkdv_kernel, dq_kernel = _kernels(interpreting())
         dkdv_kernel[(num_nt, B * H)](
-            q, k, v, grad_out, lse, dsum, dk, dv, du, gk, ddelta, kpm_t, table, alpha2, beta2, u, delta,
+            q, k, v, grad_out, lse, dsum, dk, dv, du, gk, ddelta, key_mask, table, alpha2, beta2, u, delta,
             *_bhn_strides(q), *_bhn_strides(k), *_bhn_strides(v), *_bhn_strides(grad_out),
             *_bhn_strides(dk), *_bhn_strides(dv), *pos_strides,
             H, N, d_qk, d_v, half_width, num_prefix, num_nt, scale,
@@ -773,10 +782,10 @@ class _FlashPriorFunction(torch.autograd.Function):
 
         qc = config.bwd_dq
         num_mt = triton.cdiv(N, qc.block_m)
-        gq = _alloc((B, H, N, np2), torch.float32, dev) if tab_grad else dummy
-        dab = _alloc((B, H, num_mt, 2, np2), torch.float32, dev) if mode == 'goat' else dummy
+        gq = empty(B, H, N, np2, dtype=torch.float32, device=dev) if tab_grad else None
+        dab = empty(B, H, num_mt, 2, np2, dtype=torch.float32, device=dev) if mode == 'goat' else None
         dq_kernel[(num_mt, B * H)](
-            q, k, v, grad_out, lse, dsum, dq, gq, dab, kpm_t, table, alpha2, beta2, u, delta,
+            q, k, v, grad_out, lse, dsum, dq, gq, dab, key_mask, table, alpha2, beta2, u, delta,
             *_bhn_strides(q), *_bhn_strides(k), *_bhn_strides(v), *_bhn_strides(grad_out),
             *_bhn_strides(dq), *pos_strides,
             H, N, d_qk, d_v, half_width, num_prefix, num_mt, scale,
@@ -808,7 +817,7 @@ def flash_prior_attention(
         *,
         mode: str = 'plain',
         causal: bool = False,
-        key_padding_mask: Optional[Tensor] = None,
+        key_mask: Optional[Tensor] = None,
         scale: Optional[float] = None,
         coords: Optional[Tensor] = None,
         freqs: Optional[Tensor] = None,
@@ -827,44 +836,45 @@ def flash_prior_attention(
         v: (B, H, N, d_v) values (GOAT: d_v = d_h; PoPE: d_v = d_qk).
         mode: 'plain', 'goat' or 'pope'.
         causal: Key j attends only to queries i >= j.
-        key_padding_mask: (B, N) bool, True = padded key (ignored).
-        scale: Content-logit scale; default d_qk ** -0.5 (GOAT: 1/sqrt(d_c), PoPE: 1/sqrt(d)).
+        key_mask: (B, N) bool, True = valid key (the package's one key-mask convention); False keys are
+            ignored.
+        scale: Content-logit scale; default d_qk ** -0.5.
         coords: GOAT / PoPE: (N - P, D) or (B, N - P, D) coordinates of the non-prefix tokens.
         freqs: GOAT: (D, R) mode frequencies (may require grad: learned frequencies). PoPE: (D, d / D)
             per-axis channel ladders (constant).
         num_prefix_tokens: P leading tokens without coordinates.
         alpha, beta: GOAT: (H, D, R) Fourier coefficients.
         key_default: GOAT: (H, N) or (B, H, N) key-only default u_h(j) of all N keys (prefix columns
-            included, e.g. ``GoatPrior.prefix_bias``); gradient flows back to it.
+            included); gradient flows back to it.
         phase_bias: PoPE: (H, d) delta (any real value; cos is periodic).
-        input_precision: tl.dot precision for fp32 inputs ('ieee', 'tf32', 'tf32x3');
-            default from ``choose_config``.
+        input_precision: ``tl.dot`` precision for fp32 inputs ('ieee', 'tf32', 'tf32x3'); default the one
+            rule of ``_backend.dot_precision``.
 
     Returns:
         (B, H, N, d_v) in the input dtype. A query with no valid key gets zeros.
 
     Raises:
         ValueError: a bad mode, shape, dtype or device (naming the offending argument), a head dim
-            over 128, CPU tensors without the interpreter, PoPE positions that require grad.
-        RuntimeError: TRITON_INTERPRET=1 set only after Triton was imported in compiler mode.
+            over 128, CPU tensors without the interpreter (``_backend.interpreting``: TRITON_INTERPRET=1 set
+            before Triton's first import), PoPE positions that require grad.
+        TypeError: a ``key_mask`` that is not a bool tensor.
     """
-    check_flash_prior_args(q, k, v, mode, causal, key_padding_mask, coords, freqs, num_prefix_tokens, alpha, beta,
+    check_flash_prior_args(q, k, v, mode, causal, key_mask, coords, freqs, num_prefix_tokens, alpha, beta,
                            key_default, phase_bias, (torch.float16, torch.bfloat16, torch.float32))
-    if _pow2_width(max(q.shape[-1], v.shape[-1])) > _MAX_HEAD_DIM:
+    if next_power_of_2(max(q.shape[-1], v.shape[-1])) > _MAX_HEAD_DIM:
         raise ValueError(f'head dims q/k {q.shape[-1]}, v {v.shape[-1]} exceed the supported maximum {_MAX_HEAD_DIM}')
-    if q.device.type != 'cuda' and not _is_interpreter():
+    if q.device.type != 'cuda' and not interpreting():
         raise ValueError(f'flash_prior_attention needs CUDA tensors (got {q.device}); on CPU set '
                          f'TRITON_INTERPRET=1 before importing triton, or use flash_prior_attention_ref')
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     d_qk = q.shape[-1]
-    dev = q.device
-    config = choose_config(max(d_qk, v.shape[-1]), q.dtype, mode, dev)
-    if input_precision is not None:
-        config = FlashPriorConfig(config.fwd, config.bwd_dkdv, config.bwd_dq, input_precision)
+    config = choose_config(max(d_qk, v.shape[-1]), q.dtype, mode, q.device)
+    precision = input_precision if input_precision is not None else _backend.dot_precision(q.dtype)
+    config = FlashPriorConfig(config.fwd, config.bwd_dkdv, config.bwd_dq, precision)
     scale = float(d_qk ** -0.5 if scale is None else scale)
-    kpm = key_padding_mask.to(torch.uint8).contiguous() if key_padding_mask is not None else None
-    dummy = _dummy(dev)
-    table, alpha2, beta2, u, delta, half_width = dummy, dummy, dummy, dummy, dummy, 0
+    mask_u8 = key_mask.contiguous().view(torch.uint8) if key_mask is not None else None
+    table = alpha2 = beta2 = u = delta = None
+    half_width = 0
     if mode == 'goat':
         table = goat_tables(coords, freqs, num_prefix_tokens).contiguous()
         half_width = table.shape[-1] // 2
@@ -879,57 +889,29 @@ def flash_prior_attention(
         table = pope_tables(coords, freqs, num_prefix_tokens).to(q.dtype).contiguous()
         half_width = d_qk
         delta = phase_bias.float().contiguous()
-    out = _FlashPriorFunction.apply(q, k, v, table, alpha2, beta2, u, delta, kpm, mode, causal, scale,
-                                    num_prefix_tokens, half_width, config)
-    return out
+    return _FlashPriorFunction.apply(q, k, v, table, alpha2, beta2, u, delta, mask_u8, mode, causal, scale,
+                                     num_prefix_tokens, half_width, config)
 
 
 # ----------------------------------------------------------------------------------------------
-# Ahead-of-time specs (for kernels/aot.py)
+# Ahead-of-time specs (for tools/aot.py): signatures derived from the kernels' parameter lists
 # ----------------------------------------------------------------------------------------------
 
-_STRIDES3 = lambda p: [f'stride_{p}b', f'stride_{p}h', f'stride_{p}n']  # noqa: E731
-_POS_STRIDES = ['stride_mb', 'stride_tb', 'stride_tn', 'stride_ub', 'stride_uh']
-_FWD_ARGS = (['Q', 'K', 'V', 'OUT', 'LSE', 'KPM', 'TAB', 'ALPHA2', 'BETA2', 'U', 'DELTA']
-             + _STRIDES3('q') + _STRIDES3('k') + _STRIDES3('v') + _STRIDES3('o') + _POS_STRIDES
-             + ['H', 'N', 'D_QK', 'D_V', 'NP', 'NUM_PREFIX', 'sm_scale'])
-_DKDV_ARGS = (['Q', 'K', 'V', 'DO', 'LSE', 'DSUM', 'DK', 'DV', 'DU', 'GK', 'DDELTA', 'KPM', 'TAB', 'ALPHA2',
-               'BETA2', 'U', 'DELTA'] + _STRIDES3('q') + _STRIDES3('k') + _STRIDES3('v') + _STRIDES3('do')
-              + _STRIDES3('dk') + _STRIDES3('dv') + _POS_STRIDES
-              + ['H', 'N', 'D_QK', 'D_V', 'NP', 'NUM_PREFIX', 'NUM_NT', 'sm_scale'])
-_DQ_ARGS = (['Q', 'K', 'V', 'DO', 'LSE', 'DSUM', 'DQ', 'GQ', 'DAB', 'KPM', 'TAB', 'ALPHA2', 'BETA2', 'U',
-             'DELTA'] + _STRIDES3('q') + _STRIDES3('k') + _STRIDES3('v') + _STRIDES3('do') + _STRIDES3('dq')
-            + _POS_STRIDES + ['H', 'N', 'D_QK', 'D_V', 'NP', 'NUM_PREFIX', 'NUM_MT', 'sm_scale'])
-_IO_PTRS = {'Q', 'K', 'V', 'OUT', 'DO', 'DQ', 'DK', 'DV'}
-_TRITON_DTYPE = {torch.float16: 'fp16', torch.bfloat16: 'bf16', torch.float32: 'fp32'}
+_IO_PTRS = ('Q', 'K', 'V', 'OUT', 'DO', 'DQ', 'DK', 'DV')
+_POS_STRIDES = ('stride_mb', 'stride_tb', 'stride_tn', 'stride_ub', 'stride_uh')
+# tensors a mode does not use (passed as None), per kernel parameter
+_UNUSED_BY_MODE = {'plain': ('TAB', 'ALPHA2', 'BETA2', 'U', 'DELTA', 'DU', 'GK', 'GQ', 'DAB', 'DDELTA'),
+                   'goat': ('DELTA', 'DDELTA'),
+                   'pope': ('ALPHA2', 'BETA2', 'U', 'DU', 'GK', 'GQ', 'DAB')}
 
 
-def _signature(fn: Any, arg_names: List[str], num_ptrs: int, dtype: torch.dtype, mode: str) -> Dict[str, str]:
-    """ASTSource signature: q/k/v-like pointers (and PoPE's table) in the input dtype, the other
-    pointers fp32 (the padding mask: u8), sizes / strides i32, the scale fp32."""
-    assert list(fn.arg_names[:len(arg_names)]) == arg_names, (fn.arg_names, arg_names)
-    io = _IO_PTRS | ({'TAB'} if mode == 'pope' else set())
-    sig = {}
-    for i, name in enumerate(fn.arg_names):
-        if i < num_ptrs:
-            sig[name] = ('*' + _TRITON_DTYPE[dtype] if name in io else '*u8' if name == 'KPM' else '*fp32')
-        elif name == 'sm_scale':
-            sig[name] = 'fp32'
-        elif i < len(arg_names):
-            sig[name] = 'i32'
-        else:
-            sig[name] = 'constexpr'
-    return sig
-
-
-def _divisible_args(arg_names: List[str], num_ptrs: int, mode: str) -> List[str]:
+def _divisible_args(signature: Dict[str, str], mode: str) -> List[str]:
     """Arguments a typical launch has as multiples of 16 (what the runtime JIT specialises on):
     pointers, the q/k/v-like strides (head dims 32/64/128), the table row stride and the head widths
     (GOAT's content width d_c is generally not a multiple of 16)."""
-    out = list(arg_names[:num_ptrs])
-    out += [n for n in arg_names if n.startswith('stride_') and n not in _POS_STRIDES]
-    out += ['stride_tn', 'D_V'] + ([] if mode == 'goat' else ['D_QK'])
-    return out
+    out = [n for n, t in signature.items() if t.startswith('*')]
+    out += [n for n in signature if n.startswith('stride_') and n not in _POS_STRIDES]
+    return out + ['stride_tn', 'D_V'] + ([] if mode == 'goat' else ['D_QK'])
 
 
 def aot_specs(head_dims: Tuple[int, ...] = (32, 64, 128),
@@ -940,42 +922,47 @@ def aot_specs(head_dims: Tuple[int, ...] = (32, 64, 128),
               goat_half_width: int = 8) -> List[Dict[str, Any]]:
     """Every GPU configuration ``choose_config`` can pick, as ASTSource-ready dicts.
 
-    Each dict: ``name``, ``fn`` (the triton.jit kernel), ``signature`` ({arg: '*fp16' | 'i32' | 'fp32' |
-    'constexpr'}), ``constexprs`` ({arg: value}), ``num_warps``, ``num_stages``. One spec per
+    Each dict: ``name``, ``fn`` (the kernel, compiler form), ``signature`` ({arg: '*fp16' | 'i32' | 'fp32' |
+    'constexpr'}, derived from the kernel by ``_backend.aot_signature``), ``constexprs`` ({arg: value},
+    the heuristics' flags included), ``num_warps``, ``num_stages``, ``divisibility``. One spec per
     mode x kernel (fwd, bwd_dkdv, bwd_dq) x head dim x dtype x causal flag. q/k and v widths are both
-    the head dim (GOAT's content width d_c is padded up to it). ``variants='all'`` adds the
-    key-padding-mask and (GOAT) table-gradient variants. ``goat_half_width`` is D R (8: 2D, R = 4).
+    the head dim (GOAT's content width d_c is padded up to it). ``variants='all'`` adds the key-mask and
+    (GOAT) table-gradient variants. ``goat_half_width`` is D R (8: 2D, R = 4).
     """
     if variants not in ('default', 'all'):
         raise ValueError(f"variants must be 'default' or 'all', got {variants!r}")
     fwd, dkdv, dq = _kernels(interpret=False)
-    kernels = (('fwd', fwd, _FWD_ARGS, 11), ('bwd_dkdv', dkdv, _DKDV_ARGS, 17), ('bwd_dq', dq, _DQ_ARGS, 15))
+    kernels = (('fwd', fwd), ('bwd_dkdv', dkdv), ('bwd_dq', dq))
     specs = []
     for mode in modes:
         for d in head_dims:
             for dtype in dtypes:
+                ty = TORCH_TO_TRITON[dtype]
                 cfg = choose_config(d, dtype, mode, 'cuda')
+                pointer_types = {n: f'*{ty}' for n in _IO_PTRS}
+                pointer_types['KEY_MASK'] = '*u8'
+                if mode == 'pope':
+                    pointer_types['TAB'] = f'*{ty}'
                 for causal in causal_flags:
-                    for kname, fn, args, num_ptrs in kernels:
+                    for kname, fn in kernels:
+                        params = set(kernel_function(fn).arg_names)
                         kc = getattr(cfg, kname)
                         extra = [(False, False)]
                         if variants == 'all':
-                            extra = [(kpm, tg) for kpm in (False, True)
+                            extra = [(km, tg) for km in (False, True)
                                      for tg in ((False, True) if mode == 'goat' and kname != 'fwd' else (False,))]
-                        for has_kpm, tab_grad in extra:
-                            constexprs = dict(
-                                MODE=_MODE_ID[mode], CAUSAL=causal, HAS_KPM=has_kpm,
-                                BLOCK_M=kc.block_m, BLOCK_N=kc.block_n, BLOCK_DQK=_pow2_width(d),
-                                BLOCK_DV=_pow2_width(d),
-                                BLOCK_P=_pow2_width(2 * goat_half_width) if mode == 'goat' else 16,
-                                INPUT_PRECISION=cfg.input_precision)
-                            if kname != 'fwd':
-                                constexprs['TAB_GRAD'] = tab_grad
-                            name = (f'flash_prior_{mode}_{kname}_d{d}_{_TRITON_DTYPE[dtype]}'
-                                    f'{"_causal" if causal else ""}{"_kpm" if has_kpm else ""}'
-                                    f'{"_tabgrad" if tab_grad else ""}')
-                            specs.append(dict(name=name, fn=fn, signature=_signature(fn, args, num_ptrs, dtype, mode),
-                                              constexprs=constexprs, num_warps=kc.num_warps,
-                                              num_stages=kc.num_stages,
-                                              divisibility=_divisible_args(args, num_ptrs, mode)))
+                        for has_key_mask, tab_grad in extra:
+                            absent = set(_UNUSED_BY_MODE[mode]) | ({'GK', 'GQ'} if not tab_grad else set())
+                            if not has_key_mask:
+                                absent.add('KEY_MASK')
+                            signature, constexprs = aot_signature(
+                                fn, pointer_types, absent=absent & params, constexprs=dict(
+                                    MODE=_MODE_ID[mode], CAUSAL=causal, BLOCK_M=kc.block_m, BLOCK_N=kc.block_n,
+                                    BLOCK_DQK=next_power_of_2(d), BLOCK_DV=next_power_of_2(d),
+                                    BLOCK_P=_block_p(mode, goat_half_width), INPUT_PRECISION=cfg.input_precision))
+                            name = (f'flash_prior_{mode}_{kname}_d{d}_{ty}{"_causal" if causal else ""}'
+                                    f'{"_keymask" if has_key_mask else ""}{"_tabgrad" if tab_grad else ""}')
+                            specs.append(dict(name=name, fn=fn, signature=signature, constexprs=constexprs,
+                                              num_warps=kc.num_warps, num_stages=kc.num_stages,
+                                              divisibility=_divisible_args(signature, mode)))
     return specs

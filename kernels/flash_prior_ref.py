@@ -11,9 +11,9 @@ Written straight from the papers' equations, independently of the kernel's facto
   prefix tokens; channel c rotates with axis ``c // (d / D)`` at ``freqs[axis, c % (d / D)]``.
 * plain: ``z_ij = scale q_i . k_j``.
 
-Masking: ``causal`` keeps j <= i; ``key_padding_mask`` (B, N) bool, True = padded key. A row with
-no valid key outputs zeros. Computes in float64 for float64 inputs, else float32, and returns the
-input dtype. ``input_precision`` is accepted for signature parity and ignored.
+Masking: ``causal`` keeps j <= i; ``key_mask`` (B, N) bool, True = valid key (the package's one key-mask
+convention, ``_backend.check_key_mask``). A row with no valid key outputs zeros. Computes in float64 for
+float64 inputs, else float32, and returns the input dtype. ``input_precision`` is accepted for signature parity and ignored.
 
 This module does not import Triton; it also holds the argument checks the kernel op shares.
 """
@@ -22,6 +22,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ._backend import check_key_mask
 
 __all__ = ['MODES', 'check_flash_prior_args', 'flash_prior_attention_ref']
 
@@ -34,7 +36,7 @@ def _check(cond: bool, message: str) -> None:
 
 
 def check_flash_prior_args(
-        q: Tensor, k: Tensor, v: Tensor, mode: str, causal: bool, key_padding_mask: Optional[Tensor],
+        q: Tensor, k: Tensor, v: Tensor, mode: str, causal: bool, key_mask: Optional[Tensor],
         coords: Optional[Tensor], freqs: Optional[Tensor], num_prefix_tokens: int,
         alpha: Optional[Tensor], beta: Optional[Tensor], key_default: Optional[Tensor],
         phase_bias: Optional[Tensor], allowed_dtypes: Tuple[torch.dtype, ...]) -> None:
@@ -42,6 +44,7 @@ def check_flash_prior_args(
 
     Raises:
         ValueError: bad mode, shape, dtype, device, or a tensor given to a mode that does not use it.
+        TypeError: a ``key_mask`` that is not a bool tensor (the message states the convention).
     """
     _check(mode in MODES, f'mode must be one of {MODES}, got {mode!r}')
     for name, t in (('q', q), ('k', k), ('v', v)):
@@ -56,12 +59,7 @@ def check_flash_prior_args(
     _check(v.shape[:3] == q.shape[:3], f'v {tuple(v.shape)} must match q {tuple(q.shape)} in (B, H, N)')
     B, H, N, d = q.shape
     _check(isinstance(causal, bool), f'causal must be a bool, got {causal!r}')
-    if key_padding_mask is not None:
-        _check(key_padding_mask.dtype == torch.bool and tuple(key_padding_mask.shape) == (B, N),
-               f'key_padding_mask must be a ({B}, {N}) bool tensor (True = padded key), got '
-               f'{tuple(key_padding_mask.shape)} {key_padding_mask.dtype}')
-        _check(key_padding_mask.device == q.device,
-               f'key_padding_mask is on {key_padding_mask.device}, q on {q.device}')
+    check_key_mask(key_mask, B, N, device=q.device)
     given = dict(coords=coords, freqs=freqs, alpha=alpha, beta=beta, key_default=key_default,
                  phase_bias=phase_bias)
     needed = {'plain': (), 'goat': ('coords', 'freqs', 'alpha', 'beta', 'key_default'),
@@ -105,7 +103,7 @@ def flash_prior_attention_ref(
         *,
         mode: str = 'plain',
         causal: bool = False,
-        key_padding_mask: Optional[Tensor] = None,
+        key_mask: Optional[Tensor] = None,
         scale: Optional[float] = None,
         coords: Optional[Tensor] = None,
         freqs: Optional[Tensor] = None,
@@ -121,7 +119,7 @@ def flash_prior_attention_ref(
     Returns:
         (B, H, N, d_v) in the input dtype; differentiable in every tensor argument.
     """
-    check_flash_prior_args(q, k, v, mode, causal, key_padding_mask, coords, freqs, num_prefix_tokens, alpha,
+    check_flash_prior_args(q, k, v, mode, causal, key_mask, coords, freqs, num_prefix_tokens, alpha,
                            beta, key_default, phase_bias,
                            (torch.float16, torch.bfloat16, torch.float32, torch.float64))
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -163,8 +161,8 @@ def flash_prior_attention_ref(
     valid = torch.ones(B, 1, N, N, dtype=torch.bool, device=q.device)
     if causal:
         valid = valid & torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
-    if key_padding_mask is not None:
-        valid = valid & ~key_padding_mask[:, None, None, :]
+    if key_mask is not None:
+        valid = valid & key_mask[:, None, None, :]
     row_any = valid.any(-1, keepdim=True)
     # empty rows: finite logits (no NaN in forward or backward), zero output
     logits = logits.masked_fill(~valid, float('-inf')).masked_fill(~row_any, 0.0)

@@ -1,8 +1,10 @@
 """Triton kernels of LAVO attention (Zhang et al., arXiv:2312.11135), forward and backward.
 
 Two ops, each an ``autograd.Function`` that runs Triton on CUDA tensors (or on CPU tensors in Triton's
-interpreter: ``TRITON_INTERPRET=1`` set before triton is first imported), and a naive PyTorch
-reference with the same arguments (less ``backend``):
+interpreter: ``TRITON_INTERPRET=1`` set before triton is first imported). Their PyTorch backend
+(``backend='torch'``, or CPU tensors under 'auto') is the exact blocked / cumulative-sum path of
+``lavo_torch.py``, which ``LavoAttention`` also runs; the dense references with the same signatures are
+in ``lavo_ref.py``.
 
 ``lavo_global(q, z, basis, scale, key_mask=None, causal=True)`` -- the CODE branch (Eqs. 3-4).
     ``H_t = (1/n_t) sum_{s<=t} m_s B z_s`` (causal; ``n_t`` = valid tokens up to t, at least 1) or
@@ -12,12 +14,13 @@ reference with the same arguments (less ``backend``):
 
     over the r slots (padded slots never enter). The sequence is cut into chunks of ``BLOCK_T``
     tokens: a pre-pass writes each chunk's masked sum of ``B z`` (``(B, heads, L / BLOCK_T, r)``,
-    float32); their exclusive prefix sums are the only running state stored in HBM, and the main
-    kernel rebuilds ``H_t`` inside a chunk as a product with a lower-triangular ones matrix. Neither
-    ``H`` (L x r) nor any ``(L, r, d)`` state is written. Backward recomputes a chunk's forward in two
-    kernels: the first writes dq and the chunk sums of ``dL/dH_t / n_t``, whose exclusive suffix sums
-    carry the reverse cumulative sum across chunks into the second, which writes dz. Only when the
-    basis needs a gradient do they also write three (L, r) float32 intermediates, and
+    float32); their exclusive prefix sums are the only running state stored in HBM, and the kernels
+    rebuild ``H_t`` inside a chunk as a product with a lower-triangular ones matrix
+    (``_code_chunk_state``, shared by the forward and both backward kernels). Neither ``H`` (L x r) nor
+    any ``(L, r, d)`` state is written. Backward recomputes a chunk's forward in two kernels: the first
+    writes dq and the chunk sums of ``dL/dH_t / n_t``, whose exclusive suffix sums carry the reverse
+    cumulative sum across chunks into the second, which writes dz. Only when the basis needs a gradient
+    do they also write three (L, r) float32 intermediates, and
     ``dB = sum_t (dL/d(q_t B^T))^T q_t + (p_t H_t)^T dO_t + (dL/d(B z_t))^T z_t`` is three batched GEMMs.
 
 ``lavo_local(q, k, v, rel_bias, scale, window, causal=True, mode='sliding', key_mask=None)`` -- the
@@ -29,29 +32,9 @@ reference with the same arguments (less ``backend``):
     Flash-style: online softmax over key tiles inside the window band, log-sum-exp saved; backward
     in two kernels (dk/dv over query tiles; dq and the bias gradient over key tiles).
 
-Accumulation is float32 (inputs fp16 / bf16 / fp32). ``tl.dot`` takes ``input_precision`` as a
-constexpr: on a GPU 'tf32' for 16-bit inputs (the CODE kernels multiply float32 intermediates) and for
-float32 when ``torch.backends.cuda.matmul.allow_tf32`` is set, else 'tf32x3' (float32-accurate),
-except the local kernels with float32 and d > 64, which use 'tf32' (3xTF32 operands spill there);
-always 'ieee' in the interpreter.
-
-How ``vision_priors.layers.LavoAttention`` should call these (1D sequences; with ``attn_drop`` inactive,
-i.e. p = 0 or eval mode, as the kernels apply no dropout)::
-
-    q, k, v = self._qkv(x)                                    # (B, heads, L, head_dim) views
-    bias = self.rel_bias if self.use_epe else None
-    kw = dict(scale=self.scale, window=self.window, causal=self.causal, key_mask=attn_mask)
-    f_local = lavo_local(q, k, v, bias, mode='sliding', **kw) if self.use_local else None
-    if not self.context_dissection:
-        z = v
-    elif self.dissection == 'sliding':
-        z = f_local
-    else:
-        z = lavo_local(q, k, v, bias, mode='block', **kw)
-    f_global = lavo_global(q, z, self.basis(), self.scale, key_mask=attn_mask, causal=self.causal)
-    return self._out(self._combine(f_local, f_global))
-
-The 2D-grid local window (``grid_size``), prefix tokens and cross-attention stay on the PyTorch path.
+Padding: ``key_mask`` (B, L) bool, True = valid key (``_backend.check_key_mask``). The kernels apply no
+dropout. Accumulation is float32 (inputs fp16 / bf16 / fp32); ``tl.dot`` precision follows the one rule
+of ``_backend.dot_precision`` ('ieee' for float32 unless PyTorch allows TF32; 'ieee' in the interpreter).
 Backend choice: ``backend='triton'|'torch'`` > env ``VISION_PRIORS_KERNELS`` > 'auto' (Triton on CUDA).
 """
 from __future__ import annotations
@@ -62,8 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._backend import (HAS_TRITON, TORCH_TO_TRITON, dot_precision, empty, gpu_dot_precision, next_pow2,
-                       resolve_backend)
+from ._backend import (HAS_TRITON, TORCH_TO_TRITON, aot_signature, dot_precision, empty, gpu_dot_precision,
+                       next_power_of_2, resolve_backend)
+from .lavo_ref import check_lavo_global_args, check_lavo_local_args
+from .lavo_ref import lavo_global_reference, lavo_local_reference  # noqa: F401  (also importable from here)
+from .lavo_torch import lavo_global_torch, lavo_local_torch
 
 if HAS_TRITON:
     import triton
@@ -71,10 +57,7 @@ if HAS_TRITON:
 else:  # pragma: no cover - platform without Triton: the kernels below are never defined or launched
     triton = None
 
-__all__ = ['lavo_global', 'lavo_global_reference', 'lavo_local', 'lavo_local_reference',
-           'global_config', 'local_config', 'local_precision', 'aot_specs']
-
-_MODES = ('sliding', 'block')
+__all__ = ['lavo_global', 'lavo_local', 'global_config', 'local_config', 'aot_specs']
 
 
 # ------------------------------------------------------------------------------------------------
@@ -84,8 +67,8 @@ def global_config(dtype: torch.dtype, head_dim: int, num_slots: int) -> Dict[str
     """Tile sizes and launch options of the ``lavo_global`` kernels (chosen so ptxas reports no spills).
 
     Args:
-        dtype: Input dtype; float32 inputs use 3xTF32 products on a GPU, whose split operands need
-            smaller tiles.
+        dtype: Input dtype; float32 inputs use IEEE float32 products on a GPU (``dot_precision``): smaller
+            tiles.
         head_dim: d.
         num_slots: r.
 
@@ -93,9 +76,9 @@ def global_config(dtype: torch.dtype, head_dim: int, num_slots: int) -> Dict[str
         ``BLOCK_T`` (chunk length), ``BLOCK_D`` (head-dim slice of the basis products), ``BLOCK_R``
         (r padded to a power of two >= 16), ``num_warps``, ``num_stages``.
     """
-    br = next_pow2(num_slots)
+    br = next_power_of_2(num_slots)
     block_t = 16 if dtype == torch.float32 or br <= 32 else 32
-    return dict(BLOCK_T=block_t, BLOCK_D=min(next_pow2(head_dim), 32), BLOCK_R=br,
+    return dict(BLOCK_T=block_t, BLOCK_D=min(next_power_of_2(head_dim), 32), BLOCK_R=br,
                 num_warps=8 if br >= 64 else 4, num_stages=1)
 
 
@@ -103,8 +86,8 @@ def local_config(dtype: torch.dtype, head_dim: int, window: int) -> Dict[str, in
     """Tile sizes and launch options of the ``lavo_local`` kernels (chosen so ptxas reports no spills).
 
     Args:
-        dtype: Input dtype; float32 inputs use 3xTF32 (or TF32) products on a GPU, whose split
-            operands need smaller tiles.
+        dtype: Input dtype; float32 inputs use IEEE float32 products on a GPU (``dot_precision``), whose
+            operands stay in registers: smaller tiles.
         head_dim: d.
         window: w (sets ``BLOCK_W``, the power of two >= 2w - 1 holding the bias gradient).
 
@@ -113,20 +96,13 @@ def local_config(dtype: torch.dtype, head_dim: int, window: int) -> Dict[str, in
         ``BLOCK_W``, ``BLOCK_DIAG`` (power of two >= BLOCK_M + BLOCK_N - 1: the diagonals of a score
         tile), ``num_warps``, ``num_stages``.
     """
-    bd = next_pow2(head_dim)
-    if dtype == torch.float32:  # (measured: 4 warps spill at d = 32, 8 warps at d = 128)
-        tile, warps = 16, 8 if bd <= 32 else 4
+    bd = next_power_of_2(head_dim)
+    if dtype == torch.float32:  # IEEE dots, measured with ptxas: 4 warps spill at d = 32 and d = 128
+        tile, warps = 16, 8 if bd <= 32 or bd > 64 else 4
     else:
         tile, warps = 32, 8 if bd > 64 else 4
-    return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_D=bd, BLOCK_W=next_pow2(2 * window - 1),
-                BLOCK_DIAG=next_pow2(2 * tile - 1), num_warps=warps, num_stages=2)
-
-
-def local_precision(precision: str, head_dim: int) -> str:
-    """``tl.dot`` input precision of the local kernels given the general one (:func:`dot_precision`):
-    the same, except 3xTF32 becomes one TF32 product for d > 64, where the split (16, d) float32
-    operands would spill registers."""
-    return 'tf32' if precision == 'tf32x3' and head_dim > 64 else precision
+    return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_D=bd, BLOCK_W=next_power_of_2(2 * window - 1),
+                BLOCK_DIAG=next_power_of_2(2 * tile - 1), num_warps=warps, num_stages=2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,9 +111,25 @@ def local_precision(precision: str, head_dim: int) -> str:
 if HAS_TRITON:
 
     @triton.jit
+    def _chunk_mask(MASK, b, stride_mb, offs_t, tmask, HAS_MASK: tl.constexpr):
+        """The chunk's validity m_t as float32 (1 = valid key), or a placeholder without a mask."""
+        m = offs_t
+        if HAS_MASK:
+            m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+        return m
+
+    @triton.jit
+    def _lower_triangle(BLOCK_T: tl.constexpr):
+        """(BLOCK_T, BLOCK_T) float32 ones on and below the diagonal: in-chunk prefix sums as a product."""
+        offs_tt = tl.arange(0, BLOCK_T)
+        return (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
+
+    @triton.heuristics({'HAS_MASK': lambda args: args['MASK'] is not None})
+    @triton.jit
     def _code_chunk_sums_kernel(
-            Z, BASIS, MASK, S, L, D, R, NH, NC,
+            Z, BASIS, MASK, S,
             stride_zb, stride_zh, stride_zl, stride_mb,
+            L, D, R, NH, NC,
             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_MASK: tl.constexpr):
         """S[bh, c] = sum_{t in chunk c} m_t B z_t = B (sum_t m_t z_t) (float32, r entries)."""
         c = tl.program_id(0)
@@ -150,8 +142,7 @@ if HAS_TRITON:
         tmask = offs_t < L
         rmask = offs_r < R
         z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
-        if HAS_MASK:
-            m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+        m = _chunk_mask(MASK, b, stride_mb, offs_t, tmask, HAS_MASK)
         s = tl.zeros([BLOCK_R], dtype=tl.float32)
         for k0 in range(0, D, BLOCK_D):
             offs_d = k0 + offs_dd
@@ -165,10 +156,56 @@ if HAS_TRITON:
             s += tl.sum(bas * zsum[None, :], axis=1)
         tl.store(S + (bh.to(tl.int64) * NC + c) * R + offs_r, s, mask=rmask)
 
-    # The three kernels below share one recomputation of the chunk's forward quantities. Products with
-    # the basis run over head-dim slices of BLOCK_D, so an operand tile never holds all d columns (a
-    # (BLOCK_T, d) dot operand is replicated in every warp: at d = 128 it alone would spill).
+    # The three kernels below share one recomputation of the chunk's forward quantities, _code_chunk_state.
+    # Products with the basis run over head-dim slices of BLOCK_D, so an operand tile never holds all d
+    # columns (a (BLOCK_T, d) dot operand is replicated in every warp: at d = 128 it alone would spill).
 
+    @triton.jit
+    def _code_chunk_state(q_ptrs, z_ptrs, do_ptrs, b_ptrs, m, STATE, CNT0, b, bh, c, D, R, NC, offs_t, offs_dd,
+                          offs_r, tmask, rmask, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                          CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, WITH_DO: tl.constexpr,
+                          INPUT_PRECISION: tl.constexpr):
+        """A chunk's ``q_t B^T``, (WITH_DO) ``dO_t B^T``, the memory ``H_t`` and the counts ``n_t``.
+
+        Causal (Eq. 4): ``H_t = (prefix_c + sum_{s <= t in chunk} m_s B z_s) / n_t`` with the exclusive
+        prefix sum ``prefix_c`` of the chunk sums (STATE (bh, NC, r)), the in-chunk sum a product with the
+        lower-triangular ones matrix (tensor cores; a tl.cumsum over a dot-layout tile costs layout
+        conversions and registers), and ``n_t`` = valid tokens up to t (CNT0: valid tokens before each chunk,
+        with a mask), at least 1. Non-causal: the mean H (STATE (bh, r)); ``n_t`` is a placeholder.
+        """
+        qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+        du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)  # dL/d(p * H) = dO B^T
+        for k0 in range(0, D, BLOCK_D):
+            offs_d = k0 + offs_dd
+            dmask = offs_d < D
+            td_mask = tmask[:, None] & dmask[None, :]
+            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
+            q = tl.load(q_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+            qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # q_t . b_i
+            if WITH_DO:
+                do = tl.load(do_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                du += tl.dot(do.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
+            if CAUSAL:
+                z = tl.load(z_ptrs + offs_d[None, :], mask=td_mask, other=0.)
+                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # B z_t
+        if CAUSAL:
+            if HAS_MASK:
+                proj = proj * m[:, None]
+                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
+            else:
+                cnt = (offs_t + 1).to(tl.float32)
+            cnt = tl.maximum(cnt, 1.)
+            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
+            h = (tl.dot(_lower_triangle(BLOCK_T), proj, input_precision=INPUT_PRECISION)
+                 + prefix[None, :]) / cnt[:, None]  # Eq. 4
+        else:
+            hmean = tl.load(STATE + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
+            h = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + hmean[None, :]
+            cnt = tl.full([BLOCK_T], 1., dtype=tl.float32)
+        return qb, du, h, cnt
+
+    @triton.heuristics({'HAS_MASK': lambda args: args['MASK'] is not None})
     @triton.jit
     def _code_fwd_kernel(
             Q, Z, BASIS, MASK, STATE, CNT0, OUT, scale, L, D, R, NH, NC,
@@ -193,34 +230,10 @@ if HAS_TRITON:
         q_ptrs = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh + offs_t[:, None] * stride_ql
         z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
         b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
-        qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-        proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_D):
-            offs_d = k0 + offs_dd
-            dmask = offs_d < D
-            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.)
-            q = tl.load(q_ptrs + offs_d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.)
-            qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # q_t . b_i
-            if CAUSAL:
-                z = tl.load(z_ptrs + offs_d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.)
-                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)  # B z_t
-        if CAUSAL:
-            if HAS_MASK:
-                m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
-                proj = proj * m[:, None]
-                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
-            else:
-                cnt = (offs_t + 1).to(tl.float32)
-            cnt = tl.maximum(cnt, 1.)
-            # In-chunk prefix sums as a product with the lower-triangular ones matrix (tensor cores; a
-            # tl.cumsum over a dot-layout tile costs layout conversions and registers).
-            offs_tt = tl.arange(0, BLOCK_T)
-            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
-            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
-            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]  # Eq. 4
-        else:
-            hmean = tl.load(STATE + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
-            h = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + hmean[None, :]
+        m = _chunk_mask(MASK, b, stride_mb, offs_t, tmask, HAS_MASK)
+        qb, _, h, _ = _code_chunk_state(q_ptrs, z_ptrs, q_ptrs, b_ptrs, m, STATE, CNT0, b, bh, c, D, R, NC, offs_t,
+                                        offs_dd, offs_r, tmask, rmask, BLOCK_T, BLOCK_D, BLOCK_R, CAUSAL, HAS_MASK,
+                                        False, INPUT_PRECISION)
         logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
         mx = tl.max(logits, axis=1)
         e = tl.exp(logits - mx[:, None])
@@ -233,6 +246,8 @@ if HAS_TRITON:
             out = tl.dot(u, bas, input_precision=INPUT_PRECISION)  # sum_i p_i H_i b_i
             tl.store(o_ptrs + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=tmask[:, None] & dmask[None, :])
 
+    @triton.heuristics({'HAS_MASK': lambda args: args['MASK'] is not None,
+                        'WRITE_AUX': lambda args: args['DQB'] is not None})
     @triton.jit
     def _code_bwd_dq_kernel(
             Q, Z, BASIS, MASK, STATE, CNT0, DO, DQ, G, DQB, U, scale, L, D, R, NH, NC,
@@ -242,7 +257,8 @@ if HAS_TRITON:
             CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, WRITE_AUX: tl.constexpr,
             INPUT_PRECISION: tl.constexpr):
         """Backward of one chunk, first pass: dq, and G[bh, c] = sum_{t in c} dL/dH_t / n_t (causal) or
-        sum_t dL/dH_t (non-causal). With WRITE_AUX, also dL/d(q B^T) and p * H (bh, L, r) for dB.
+        sum_t dL/dH_t (non-causal). With WRITE_AUX (DQB and U given), also dL/d(q B^T) and p * H
+        (bh, L, r) for dB.
 
         DQ is contiguous like DO.
         """
@@ -260,35 +276,10 @@ if HAS_TRITON:
         do_ptrs = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
         dq_ptrs = DQ + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
         b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
-        qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-        proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-        du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)  # dL/d(p * H) = dO B^T
-        for k0 in range(0, D, BLOCK_D):
-            offs_d = k0 + offs_dd
-            td_mask = tmask[:, None] & (offs_d < D)[None, :]
-            bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & (offs_d < D)[None, :], other=0.)
-            q = tl.load(q_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-            qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-            do = tl.load(do_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-            du += tl.dot(do.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-            if CAUSAL:
-                z = tl.load(z_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-        if CAUSAL:
-            if HAS_MASK:
-                m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
-                proj = proj * m[:, None]
-                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
-            else:
-                cnt = (offs_t + 1).to(tl.float32)
-            cnt = tl.maximum(cnt, 1.)
-            offs_tt = tl.arange(0, BLOCK_T)
-            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
-            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
-            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]
-        else:
-            hmean = tl.load(STATE + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
-            h = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + hmean[None, :]
+        m = _chunk_mask(MASK, b, stride_mb, offs_t, tmask, HAS_MASK)
+        qb, du, h, cnt = _code_chunk_state(q_ptrs, z_ptrs, do_ptrs, b_ptrs, m, STATE, CNT0, b, bh, c, D, R, NC,
+                                           offs_t, offs_dd, offs_r, tmask, rmask, BLOCK_T, BLOCK_D, BLOCK_R, CAUSAL,
+                                           HAS_MASK, True, INPUT_PRECISION)
         logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
         mx = tl.max(logits, axis=1)
         e = tl.exp(logits - mx[:, None])
@@ -312,6 +303,8 @@ if HAS_TRITON:
             dq = tl.dot(dqb, bas, input_precision=INPUT_PRECISION)
             tl.store(dq_ptrs + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=tmask[:, None] & dmask[None, :])
 
+    @triton.heuristics({'HAS_MASK': lambda args: args['MASK'] is not None,
+                        'WRITE_AUX': lambda args: args['DPROJ'] is not None})
     @triton.jit
     def _code_bwd_dz_kernel(
             Q, Z, BASIS, MASK, STATE, CNT0, DO, CARRY, DZ, DPROJ, scale, L, D, R, NH, NC,
@@ -322,7 +315,7 @@ if HAS_TRITON:
             INPUT_PRECISION: tl.constexpr):
         """Backward of one chunk, second pass: dz_s = m_s (sum_{t >= s} dL/dH_t / n_t) B (causal; CARRY holds
         the exclusive suffix sums of G over chunks) or m_s (dL/dH / n) B (non-causal; CARRY (bh, r)).
-        With WRITE_AUX, also dL/d(B z) (bh, L, r) for dB. DZ is contiguous like DO.
+        With WRITE_AUX (DPROJ given), also dL/d(B z) (bh, L, r) for dB. DZ is contiguous like DO.
         """
         c = tl.program_id(0)
         bh = tl.program_id(1)
@@ -334,35 +327,14 @@ if HAS_TRITON:
         tmask = offs_t < L
         rmask = offs_r < R
         b_ptrs = BASIS + hh * R * D + offs_r[:, None] * D
-        if HAS_MASK:
-            m = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_t, mask=tmask, other=0).to(tl.float32)
+        m = _chunk_mask(MASK, b, stride_mb, offs_t, tmask, HAS_MASK)
         if CAUSAL:
             q_ptrs = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh + offs_t[:, None] * stride_ql
             z_ptrs = Z + b.to(tl.int64) * stride_zb + hh.to(tl.int64) * stride_zh + offs_t[:, None] * stride_zl
             do_ptrs = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_t[:, None] * stride_dol
-            qb = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            proj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_D):
-                offs_d = k0 + offs_dd
-                td_mask = tmask[:, None] & (offs_d < D)[None, :]
-                bas = tl.load(b_ptrs + offs_d[None, :], mask=rmask[:, None] & (offs_d < D)[None, :], other=0.)
-                q = tl.load(q_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-                qb += tl.dot(q.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-                do = tl.load(do_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-                du += tl.dot(do.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-                z = tl.load(z_ptrs + offs_d[None, :], mask=td_mask, other=0.)
-                proj += tl.dot(z.to(tl.float32), tl.trans(bas), input_precision=INPUT_PRECISION)
-            if HAS_MASK:
-                proj = proj * m[:, None]
-                cnt = tl.load(CNT0 + b * NC + c) + tl.cumsum(m, axis=0)
-            else:
-                cnt = (offs_t + 1).to(tl.float32)
-            cnt = tl.maximum(cnt, 1.)
-            offs_tt = tl.arange(0, BLOCK_T)
-            tri = (offs_tt[:, None] >= offs_tt[None, :]).to(tl.float32)
-            prefix = tl.load(STATE + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
-            h = (tl.dot(tri, proj, input_precision=INPUT_PRECISION) + prefix[None, :]) / cnt[:, None]
+            qb, du, h, cnt = _code_chunk_state(q_ptrs, z_ptrs, do_ptrs, b_ptrs, m, STATE, CNT0, b, bh, c, D, R, NC,
+                                               offs_t, offs_dd, offs_r, tmask, rmask, BLOCK_T, BLOCK_D, BLOCK_R,
+                                               CAUSAL, HAS_MASK, True, INPUT_PRECISION)
             logits = tl.where(rmask[None, :], qb * h * scale, float('-inf'))
             mx = tl.max(logits, axis=1)
             e = tl.exp(logits - mx[:, None])
@@ -371,7 +343,8 @@ if HAS_TRITON:
             ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
             dnum = (du * p + ds * qb * scale) / cnt[:, None]
             carry = tl.load(CARRY + (bh.to(tl.int64) * NC + c) * R + offs_r, mask=rmask, other=0.)
-            dproj = tl.dot(tl.trans(tri), dnum, input_precision=INPUT_PRECISION) + carry[None, :]  # sum_{t>=s}
+            dproj = (tl.dot(tl.trans(_lower_triangle(BLOCK_T)), dnum, input_precision=INPUT_PRECISION)
+                     + carry[None, :])  # sum_{t >= s}
         else:
             dmean = tl.load(CARRY + bh.to(tl.int64) * R + offs_r, mask=rmask, other=0.)
             dproj = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32) + dmean[None, :]
@@ -426,6 +399,27 @@ if HAS_TRITON:
         return s, ok
 
     @triton.jit
+    def _key_window_tile(q, k_base, v_base, MASK, mask_row, offs_m, offs_n, offs_d, dmask, mmask, L, scale, BIAS, W,
+                         stride_kl, stride_vl, CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """A key tile of a query tile's window: k, v, the scores (bias added) and the valid (query, key) pairs:
+        inside the sequence, valid keys (with a mask), inside the window."""
+        nmask = offs_n < L
+        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.)
+        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.)
+        ok = nmask[None, :] & mmask[:, None]
+        if HAS_MASK:
+            kv = tl.load(MASK + mask_row + offs_n, mask=nmask, other=0)
+            ok = ok & (kv != 0)[None, :]
+        s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
+                               INPUT_PRECISION)
+        return k, v, s, ok
+
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None})
+    @triton.jit
     def _local_fwd_kernel(
             Q, K, V, BIAS, MASK, OUT, LSE, scale, L, D, W, NH,
             stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
@@ -453,17 +447,9 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            nmask = offs_n < L
-            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
-                        mask=nmask[:, None] & dmask[None, :], other=0.)
-            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
-                        mask=nmask[:, None] & dmask[None, :], other=0.)
-            ok = nmask[None, :] & (offs_m < L)[:, None]
-            if HAS_MASK:
-                kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
-                ok = ok & (kv != 0)[None, :]
-            s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
-                                   INPUT_PRECISION)
+            k, v, s, ok = _key_window_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, offs_m, offs_n,
+                                           offs_d, dmask, offs_m < L, L, scale, BIAS, W, stride_kl, stride_vl,
+                                           CAUSAL, BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
             s = tl.where(ok, s, float('-inf'))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float('-inf'), 0., m_new)
@@ -480,6 +466,8 @@ if HAS_TRITON:
                  mask=(offs_m < L)[:, None] & dmask[None, :])
         tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse, mask=offs_m < L)
 
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None})
     @triton.jit
     def _local_bwd_dkdv_kernel(
             Q, K, V, BIAS, MASK, DO, LSE, DELTA, DK, DV, scale, L, D, W, NH,
@@ -543,6 +531,9 @@ if HAS_TRITON:
         tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
         tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
 
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None,
+                        'COMPUTE_DBIAS': lambda args: args['DBIAS'] is not None})
     @triton.jit
     def _local_bwd_dq_kernel(
             Q, K, V, BIAS, MASK, DO, LSE, DELTA, DQ, DBIAS, scale, L, D, W, NH,
@@ -578,17 +569,9 @@ if HAS_TRITON:
         offs_o = tl.arange(0, BLOCK_W)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            nmask = offs_n < L
-            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
-                        mask=nmask[:, None] & dmask[None, :], other=0.)
-            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
-                        mask=nmask[:, None] & dmask[None, :], other=0.)
-            ok = nmask[None, :] & mmask[:, None]
-            if HAS_MASK:
-                kv = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0)
-                ok = ok & (kv != 0)[None, :]
-            s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
-                                   INPUT_PRECISION)
+            k, v, s, ok = _key_window_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, offs_m, offs_n,
+                                           offs_d, dmask, mmask, L, scale, BIAS, W, stride_kl, stride_vl,
+                                           CAUSAL, BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
             p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
             dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
             ds = p * (dp - delta[:, None])
@@ -613,33 +596,7 @@ if HAS_TRITON:
 
 
 # ------------------------------------------------------------------------------------------------
-# input checks
-
-def _check_qkv(names: List[str], tensors: List[Tensor]) -> None:
-    ref_name, ref = names[0], tensors[0]
-    if ref.dim() != 4:
-        raise ValueError(f'{ref_name} must be (B, heads, L, head_dim), got shape {tuple(ref.shape)}')
-    if not ref.is_floating_point():
-        raise TypeError(f'{ref_name} must be a floating tensor, got dtype {ref.dtype}')
-    for n, t in zip(names[1:], tensors[1:]):
-        if tuple(t.shape) != tuple(ref.shape):
-            raise ValueError(f'{n} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(t.shape)}')
-        if t.dtype != ref.dtype:
-            raise TypeError(f'{n} has dtype {t.dtype} but {ref_name} has {ref.dtype}')
-        if t.device != ref.device:
-            raise ValueError(f'{n} is on {t.device} but {ref_name} is on {ref.device}')
-
-
-def _check_mask(key_mask: Optional[Tensor], batch: int, length: int, device: torch.device) -> None:
-    if key_mask is None:
-        return
-    if key_mask.dtype != torch.bool:
-        raise TypeError(f'key_mask must be a bool tensor (True = valid token), got dtype {key_mask.dtype}')
-    if tuple(key_mask.shape) != (batch, length):
-        raise ValueError(f'key_mask must have shape (B, L) = {(batch, length)}, got {tuple(key_mask.shape)}')
-    if key_mask.device != device:
-        raise ValueError(f'key_mask is on {key_mask.device} but q is on {device}')
-
+# input checks (the shared ones are in lavo_ref.py)
 
 def _check_triton_dtype(t: Tensor, name: str) -> None:
     if t.dtype not in TORCH_TO_TRITON:
@@ -655,42 +612,7 @@ def _mask_u8(key_mask: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# CODE global branch: reference, autograd Function, public op
-
-def lavo_global_reference(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
-                          causal: bool = True) -> Tensor:
-    """PyTorch CODE branch (Eqs. 3-4), computed as ``LavoAttention`` does, in the inputs' dtype.
-
-    Args:
-        q: Queries (B, heads, L, d).
-        z: Features to compress (values or their local aggregates), (B, heads, L, d).
-        basis: B, (heads, r, d).
-        scale: Logit scale (``head_dim ** -0.5`` in the layer).
-        key_mask: Optional (B, L) bool, True = valid; invalid tokens are left out of the mean and the
-            count (a prefix with no valid token has H = 0).
-        causal: Running mean over ``s <= t`` (Eq. 4) or one mean over the sequence (Eq. 3).
-
-    Returns:
-        (B, heads, L, d).
-    """
-    length = q.shape[2]
-    proj = z @ basis.transpose(-1, -2)  # B z_t, (B, heads, L, r)
-    m = None
-    if key_mask is not None:
-        m = key_mask[:, None, :, None].to(proj.dtype)
-        proj = proj * m
-    if causal:
-        if m is None:
-            cnt = torch.arange(1, length + 1, device=q.device, dtype=proj.dtype)[:, None]
-        else:
-            cnt = m.cumsum(dim=2).clamp(min=1)
-        h = proj.cumsum(dim=2) / cnt
-    else:
-        cnt = float(length) if m is None else m.sum(dim=2, keepdim=True).clamp(min=1)
-        h = proj.sum(dim=2, keepdim=True) / cnt
-    p = ((q @ basis.transpose(-1, -2)) * h * scale).softmax(dim=-1)
-    return (p * h) @ basis
-
+# CODE global branch: autograd Function, public op
 
 class _LavoGlobalFn(torch.autograd.Function):
 
@@ -707,11 +629,10 @@ class _LavoGlobalFn(torch.autograd.Function):
         dev = q.device
         mask = _mask_u8(key_mask) if key_mask is not None else None
         sums = empty(bsz * nh, nc, r, device=dev, dtype=torch.float32)
-        dummy = sums
+        smb = mask.stride(0) if mask is not None else 0
         _code_chunk_sums_kernel[(nc, bsz * nh)](
-            z, basis32, mask if mask is not None else dummy, sums, length, d, r, nh, nc,
-            z.stride(0), z.stride(1), z.stride(2), mask.stride(0) if mask is not None else 0,
-            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], HAS_MASK=mask is not None,
+            z, basis32, mask, sums, z.stride(0), z.stride(1), z.stride(2), smb, length, d, r, nh, nc,
+            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'],
             num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
         if key_mask is not None:
             mf = key_mask.to(torch.float32)
@@ -721,20 +642,20 @@ class _LavoGlobalFn(torch.autograd.Function):
                 chunk_cnt = F.pad(mf, (0, nc * bt - length)).reshape(bsz, nc, bt).sum(-1)
                 cnt0 = torch.cat([torch.zeros_like(chunk_cnt[:, :1]), chunk_cnt.cumsum(1)[:, :-1]], 1).contiguous()
             else:
-                cnt0 = dummy
+                cnt0 = None
             total_cnt = None
         else:
             total_cnt = (mf.sum(1).clamp(min=1) if key_mask is not None
                          else torch.full((bsz,), float(length), device=dev))
             state = (sums.sum(dim=1).reshape(bsz, nh, r) / total_cnt[:, None, None]).reshape(bsz * nh, r).contiguous()
-            cnt0 = dummy
+            cnt0 = None
         out = empty(*q.shape, device=dev, dtype=q.dtype)
         prec = dot_precision(q.dtype)
         _code_fwd_kernel[(nc, bsz * nh)](
-            q, z, basis32, mask if mask is not None else dummy, state, cnt0, out, float(scale), length, d, r, nh, nc,
+            q, z, basis32, mask, state, cnt0, out, float(scale), length, d, r, nh, nc,
             q.stride(0), q.stride(1), q.stride(2), z.stride(0), z.stride(1), z.stride(2),
-            out.stride(0), out.stride(1), out.stride(2), mask.stride(0) if mask is not None else 0,
-            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal, HAS_MASK=mask is not None,
+            out.stride(0), out.stride(1), out.stride(2), smb,
+            BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal,
             INPUT_PRECISION=prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
         ctx.save_for_backward(q, z, basis32, mask, state, cnt0, total_cnt)
         ctx.scale, ctx.causal, ctx.cfg, ctx.prec, ctx.basis_dtype = float(scale), causal, cfg, prec, basis.dtype
@@ -750,11 +671,8 @@ class _LavoGlobalFn(torch.autograd.Function):
         nc = triton.cdiv(length, bt)
         dev = q.device
         do = dout.contiguous()
-        dummy = state
-        mask_arg = mask if mask is not None else dummy
         smb = mask.stride(0) if mask is not None else 0
-        common = dict(BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal,
-                      HAS_MASK=mask is not None, INPUT_PRECISION=prec,
+        common = dict(BLOCK_T=bt, BLOCK_D=cfg['BLOCK_D'], BLOCK_R=cfg['BLOCK_R'], CAUSAL=causal, INPUT_PRECISION=prec,
                       num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
         compute_db = bool(ctx.needs_input_grad[2])
         gsum = empty(bsz * nh, nc, r, device=dev, dtype=torch.float32)
@@ -762,21 +680,21 @@ class _LavoGlobalFn(torch.autograd.Function):
         dz = empty(*do.shape, device=dev, dtype=z.dtype)
         if compute_db:  # dL/d(q B^T), p * H and dL/d(B z), (B * heads, L, r) float32
             dqb, u, dproj = (empty(bsz * nh, length, r, device=dev, dtype=torch.float32) for _ in range(3))
-        else:
-            dqb = u = dproj = dummy
+        else:  # the kernels' WRITE_AUX is off
+            dqb = u = dproj = None
         strides = (q.stride(0), q.stride(1), q.stride(2), z.stride(0), z.stride(1), z.stride(2),
                    do.stride(0), do.stride(1), do.stride(2), smb)
         _code_bwd_dq_kernel[(nc, bsz * nh)](
-            q, z, basis32, mask_arg, state, cnt0, do, dq, gsum, dqb, u, ctx.scale, length, d, r, nh, nc,
-            *strides, WRITE_AUX=compute_db, **common)
+            q, z, basis32, mask, state, cnt0, do, dq, gsum, dqb, u, ctx.scale, length, d, r, nh, nc,
+            *strides, **common)
         if causal:  # exclusive suffix sums over chunks: sum_{c' > c} G[c']
             rev = gsum.flip(1).cumsum(1).flip(1)
             carry = torch.cat([rev[:, 1:], torch.zeros_like(rev[:, :1])], dim=1).contiguous()
         else:
             carry = (gsum.sum(1).reshape(bsz, nh, r) / total_cnt[:, None, None]).reshape(bsz * nh, r).contiguous()
         _code_bwd_dz_kernel[(nc, bsz * nh)](
-            q, z, basis32, mask_arg, state, cnt0, do, carry, dz, dproj, ctx.scale, length, d, r, nh, nc,
-            *strides, WRITE_AUX=compute_db, **common)
+            q, z, basis32, mask, state, cnt0, do, carry, dz, dproj, ctx.scale, length, d, r, nh, nc,
+            *strides, **common)
         dbasis = None
         if compute_db:  # dB = sum_t dqb_t^T q_t + u_t^T dO_t + dproj_t^T z_t (cuBLAS, float32)
             def t_(x: Tensor) -> Tensor:
@@ -799,69 +717,25 @@ def lavo_global(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Opt
             under context dissection).
         basis: Orthogonal basis B, (heads, r, d), r <= d in the layer (not required here).
         scale: Logit scale.
-        key_mask: Optional (B, L) bool, True = valid token (left out of the mean and its count).
+        key_mask: Optional (B, L) bool, True = valid key (the package's one convention); False tokens are
+            left out of the mean and its count.
         causal: Running mean ``H_t`` over ``s <= t`` (Eq. 4), else one mean over all valid tokens.
-        backend: 'auto', 'triton' or 'torch' (see the module docstring).
+        backend: 'auto', 'triton' or 'torch' (the exact cumulative-sum path ``lavo_torch.lavo_global_torch``).
 
     Returns:
         ``softmax(scale (q_t B^T) * H_t) (H_t * .) B``, (B, heads, L, d), dtype of q. Differentiable in
         q, z and basis.
     """
-    _check_qkv(['q', 'z'], [q, z])
-    bsz, nh, length, d = q.shape
-    if basis.dim() != 3 or basis.shape[0] != nh or basis.shape[2] != d or basis.shape[1] < 1:
-        raise ValueError(f'basis must be (heads, r, head_dim) = ({nh}, r, {d}) with r >= 1, got {tuple(basis.shape)}')
-    if basis.device != q.device:
-        raise ValueError(f'basis is on {basis.device} but q is on {q.device}')
-    _check_mask(key_mask, bsz, length, q.device)
-    if length == 0:
-        raise ValueError('lavo_global needs L >= 1 tokens, got L = 0')
+    check_lavo_global_args(q, z, basis, key_mask)
     if resolve_backend(backend, q, z, basis, key_mask) == 'torch':
-        return lavo_global_reference(q, z, basis, scale, key_mask, causal)
+        return lavo_global_torch(q, z, basis, float(scale), key_mask, bool(causal))
     _check_triton_dtype(q, 'q')
     _check_triton_dtype(basis, 'basis')
     return _LavoGlobalFn.apply(q, z, basis, float(scale), key_mask, bool(causal))
 
 
 # ------------------------------------------------------------------------------------------------
-# local window branch: reference, autograd Function, public op
-
-def lavo_local_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float, window: int,
-                         causal: bool = True, mode: str = 'sliding', key_mask: Optional[Tensor] = None) -> Tensor:
-    """PyTorch local branch with the embedded relative position bias (Secs. 3.2-3.3), dense (L x L) form.
-
-    Args:
-        q, k, v: (B, heads, L, d).
-        rel_bias: P, (2w - 1,), added as ``P[j - i + w - 1]``; None for no bias (use_epe=False).
-        scale: Logit scale on ``q . k``.
-        window: w >= 1.
-        causal: Keys ``j <= i`` only.
-        mode: 'sliding' (``-(w-1) <= j - i <= 0`` causal, ``|j - i| <= w - 1`` otherwise) or 'block'
-            (``j // w == i // w``, plus ``j <= i`` if causal).
-        key_mask: Optional (B, L) bool, True = valid key; a query without any valid key outputs 0.
-
-    Returns:
-        (B, heads, L, d), dtype of q.
-    """
-    length = q.shape[2]
-    idx = torch.arange(length, device=q.device)
-    rel = idx[None, :] - idx[:, None]  # j - i
-    if mode == 'sliding':
-        allowed = (rel >= -(window - 1)) & (rel <= (0 if causal else window - 1))
-    else:
-        allowed = (idx[None, :] // window) == (idx[:, None] // window)
-        if causal:
-            allowed = allowed & (rel <= 0)
-    s = (q @ k.transpose(-1, -2)) * scale
-    if rel_bias is not None:
-        s = s + rel_bias[(rel + window - 1).clamp(0, 2 * window - 2)]
-    allowed = allowed[None, None]
-    if key_mask is not None:
-        allowed = allowed & key_mask[:, None, None, :]
-    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
-    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
-    return p @ v
-
+# local window branch: autograd Function, public op
 
 class _LavoLocalFn(torch.autograd.Function):
 
@@ -876,17 +750,16 @@ class _LavoLocalFn(torch.autograd.Function):
         bias = rel_bias.detach().to(torch.float32).contiguous() if rel_bias is not None else None
         out = empty(*q.shape, device=dev, dtype=q.dtype)
         lse = empty(bsz * nh, length, device=dev, dtype=torch.float32)
-        prec = local_precision(dot_precision(q.dtype), d)
+        prec = dot_precision(q.dtype)
         grid = (triton.cdiv(length, cfg['BLOCK_M']), bsz * nh)
         _local_fwd_kernel[grid](
-            q, k, v, bias if bias is not None else lse, mask if mask is not None else lse, out, lse,
+            q, k, v, bias, mask, out, lse,
             float(scale), length, d, window, nh,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
             mask.stride(0) if mask is not None else 0,
             BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], CAUSAL=causal,
-            BLOCK_MODE=block, HAS_BIAS=bias is not None, HAS_MASK=mask is not None, INPUT_PRECISION=prec,
-            num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+            BLOCK_MODE=block, INPUT_PRECISION=prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
         ctx.save_for_backward(q, k, v, bias, mask, out, lse)
         ctx.scale, ctx.window, ctx.causal, ctx.block, ctx.cfg, ctx.prec = float(scale), window, causal, block, cfg, prec
         ctx.bias_dtype = rel_bias.dtype if rel_bias is not None else None
@@ -903,23 +776,21 @@ class _LavoLocalFn(torch.autograd.Function):
         dq = empty(*do.shape, device=dev, dtype=q.dtype)
         dk = empty(*do.shape, device=dev, dtype=k.dtype)
         dv = empty(*do.shape, device=dev, dtype=v.dtype)
-        bias_arg = bias if bias is not None else lse
-        mask_arg = mask if mask is not None else lse
         smb = mask.stride(0) if mask is not None else 0
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2), smb)
         flags = dict(BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], CAUSAL=ctx.causal,
-                     BLOCK_MODE=ctx.block, HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
-                     INPUT_PRECISION=ctx.prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+                     BLOCK_MODE=ctx.block, INPUT_PRECISION=ctx.prec, num_warps=cfg['num_warps'],
+                     num_stages=cfg['num_stages'])
         _local_bwd_dkdv_kernel[(triton.cdiv(length, cfg['BLOCK_N']), bsz * nh)](
-            q, k, v, bias_arg, mask_arg, do, lse, delta, dk, dv, ctx.scale, length, d, w, nh, *strides, **flags)
+            q, k, v, bias, mask, do, lse, delta, dk, dv, ctx.scale, length, d, w, nh, *strides, **flags)
         n_m = triton.cdiv(length, cfg['BLOCK_M'])
         compute_dbias = bias is not None and bool(ctx.needs_input_grad[3])
         dbias_part = (empty(bsz * nh, n_m, cfg['BLOCK_W'], device=dev, dtype=torch.float32)
-                      if compute_dbias else lse)
+                      if compute_dbias else None)  # None: the kernel's COMPUTE_DBIAS is off
         _local_bwd_dq_kernel[(n_m, bsz * nh)](
-            q, k, v, bias_arg, mask_arg, do, lse, delta, dq, dbias_part, ctx.scale, length, d, w, nh, *strides,
-            BLOCK_W=cfg['BLOCK_W'], BLOCK_DIAG=cfg['BLOCK_DIAG'], COMPUTE_DBIAS=compute_dbias, **flags)
+            q, k, v, bias, mask, do, lse, delta, dq, dbias_part, ctx.scale, length, d, w, nh, *strides,
+            BLOCK_W=cfg['BLOCK_W'], BLOCK_DIAG=cfg['BLOCK_DIAG'], **flags)
         dbias = dbias_part.sum(dim=(0, 1))[:2 * w - 1].to(ctx.bias_dtype) if compute_dbias else None
         return dq, dk, dv, dbias, None, None, None, None, None
 
@@ -938,29 +809,16 @@ def lavo_local(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scal
         causal: Causal window (keys ``j <= i``).
         mode: 'sliding' (the local branch F_local) or 'block' (own non-overlapping window of w tokens:
             the context-dissection aggregate).
-        key_mask: Optional (B, L) bool, True = valid key; queries with no valid key in the window get 0.
-        backend: 'auto', 'triton' or 'torch' (see the module docstring).
+        key_mask: Optional (B, L) bool, True = valid key (the package's one convention); queries with no
+            valid key in the window get 0.
+        backend: 'auto', 'triton' or 'torch' (the exact blocked O(L w) path ``lavo_torch.lavo_local_torch``).
 
     Returns:
         (B, heads, L, d), dtype of q; differentiable in q, k, v and rel_bias.
     """
-    _check_qkv(['q', 'k', 'v'], [q, k, v])
-    bsz, nh, length, _ = q.shape
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f'window must be an int >= 1, got {window!r}')
-    if mode not in _MODES:
-        raise ValueError(f'mode must be one of {_MODES}, got {mode!r}')
-    if rel_bias is not None:
-        if rel_bias.dim() != 1 or rel_bias.numel() != 2 * window - 1:
-            raise ValueError(f'rel_bias must have shape (2 * window - 1,) = ({2 * window - 1},), '
-                             f'got {tuple(rel_bias.shape)}')
-        if rel_bias.device != q.device:
-            raise ValueError(f'rel_bias is on {rel_bias.device} but q is on {q.device}')
-    _check_mask(key_mask, bsz, length, q.device)
-    if length == 0:
-        raise ValueError('lavo_local needs L >= 1 tokens, got L = 0')
+    check_lavo_local_args(q, k, v, rel_bias, window, mode, key_mask)
     if resolve_backend(backend, q, k, v, rel_bias, key_mask) == 'torch':
-        return lavo_local_reference(q, k, v, rel_bias, scale, window, causal, mode, key_mask)
+        return lavo_local_torch(q, k, v, rel_bias, float(scale), window, bool(causal), mode, key_mask)
     _check_triton_dtype(q, 'q')
     if rel_bias is not None:
         _check_triton_dtype(rel_bias, 'rel_bias')
@@ -978,68 +836,45 @@ _AOT_WINDOW = 64  # the layer's default w (sets BLOCK_W of the dq kernel only)
 def aot_specs() -> List[Dict[str, Any]]:
     """One spec per configuration the dispatcher picks on a GPU (dtype x head_dim), per kernel.
 
-    The flags (CAUSAL, BLOCK_MODE, HAS_MASK, ...) are properties of the problem, not tuning choices; the
-    specs compile the representative causal sliding-window case with bias, no mask, and r = min(64, d).
+    The flags (CAUSAL, BLOCK_MODE, the optional tensors behind HAS_MASK / HAS_BIAS / WRITE_AUX /
+    COMPUTE_DBIAS) are properties of the problem, not tuning choices; the specs compile the representative
+    causal sliding-window case with bias and its gradient, the basis gradient, no mask, and r = min(64, d).
+    Signatures are derived from the kernels' parameter lists (``_backend.aot_signature``): q / k / v / z and
+    their outputs and gradients in the input dtype, the mask u8, everything else float32.
     """
     if not HAS_TRITON:
         return []
     specs: List[Dict[str, Any]] = []
     for dtype in _AOT_DTYPES:
         ty = TORCH_TO_TRITON[dtype]
+        io = {n: f'*{ty}' for n in ('Q', 'K', 'V', 'Z', 'OUT', 'DO', 'DQ', 'DK', 'DV', 'DZ')}
+        io['MASK'] = '*u8'
         prec = gpu_dot_precision(dtype, allow_tf32=False)  # the runtime's choice under torch's defaults
         for d in _AOT_HEAD_DIMS:
-            # -------- global (CODE) kernels
+            # -------- global (CODE) kernels: no mask (MASK, and CNT0 with it, are None)
             gc = global_config(dtype, d, min(64, d))
             tiles = dict(BLOCK_T=gc['BLOCK_T'], BLOCK_D=gc['BLOCK_D'], BLOCK_R=gc['BLOCK_R'])
             launch = dict(num_warps=gc['num_warps'], num_stages=gc['num_stages'])
-            flags = dict(CAUSAL=True, HAS_MASK=False, INPUT_PRECISION=prec)
-            i32 = 'i32'
-            specs.append(dict(
-                name=f'lavo_code_chunk_sums_{ty}_d{d}', fn=_code_chunk_sums_kernel,
-                signature=dict(Z=f'*{ty}', BASIS='*fp32', MASK='*u8', S='*fp32', L=i32, D=i32, R=i32, NH=i32,
-                               NC=i32, stride_zb=i32, stride_zh=i32, stride_zl=i32, stride_mb=i32),
-                constexprs=dict(tiles, HAS_MASK=False), **launch))
-            code_sig = dict(Q=f'*{ty}', Z=f'*{ty}', BASIS='*fp32', MASK='*u8', STATE='*fp32', CNT0='*fp32')
-            strides6 = {n: i32 for n in ('stride_qb', 'stride_qh', 'stride_ql', 'stride_zb', 'stride_zh', 'stride_zl')}
-            specs.append(dict(
-                name=f'lavo_code_fwd_{ty}_d{d}', fn=_code_fwd_kernel,
-                signature=dict(code_sig, OUT=f'*{ty}', scale='fp32', L=i32, D=i32, R=i32, NH=i32, NC=i32, **strides6,
-                               stride_ob=i32, stride_oh=i32, stride_ol=i32, stride_mb=i32),
-                constexprs=dict(tiles, **flags), **launch))
-            bwd_sig = dict(code_sig, DO=f'*{ty}', scale='fp32', L=i32, D=i32, R=i32, NH=i32, NC=i32, **strides6,
-                           stride_dob=i32, stride_doh=i32, stride_dol=i32, stride_mb=i32)
-            specs.append(dict(
-                name=f'lavo_code_bwd_dq_{ty}_d{d}', fn=_code_bwd_dq_kernel,
-                signature=dict(bwd_sig, DQ=f'*{ty}', G='*fp32', DQB='*fp32', U='*fp32'),
-                constexprs=dict(tiles, WRITE_AUX=True, **flags), **launch))
-            specs.append(dict(
-                name=f'lavo_code_bwd_dz_{ty}_d{d}', fn=_code_bwd_dz_kernel,
-                signature=dict(bwd_sig, CARRY='*fp32', DZ=f'*{ty}', DPROJ='*fp32'),
-                constexprs=dict(tiles, WRITE_AUX=True, **flags), **launch))
-            # -------- local window kernels
+            flags = dict(tiles, CAUSAL=True, INPUT_PRECISION=prec)
+            for name, fn, absent, consts in (
+                    ('lavo_code_chunk_sums', _code_chunk_sums_kernel, {'MASK'}, tiles),
+                    ('lavo_code_fwd', _code_fwd_kernel, {'MASK', 'CNT0'}, flags),
+                    ('lavo_code_bwd_dq', _code_bwd_dq_kernel, {'MASK', 'CNT0'}, flags),
+                    ('lavo_code_bwd_dz', _code_bwd_dz_kernel, {'MASK', 'CNT0'}, flags)):
+                signature, constexprs = aot_signature(fn, io, absent=absent, constexprs=consts)
+                specs.append(dict(name=f'{name}_{ty}_d{d}', fn=fn, signature=signature, constexprs=constexprs,
+                                  **launch))
+            # -------- local window kernels: bias (and its gradient), no mask
             lc = local_config(dtype, d, _AOT_WINDOW)
-            ltiles = dict(BLOCK_M=lc['BLOCK_M'], BLOCK_N=lc['BLOCK_N'], BLOCK_D=lc['BLOCK_D'])
-            lflags = dict(CAUSAL=True, BLOCK_MODE=False, HAS_BIAS=True, HAS_MASK=False,
-                          INPUT_PRECISION=local_precision(prec, d))
+            lflags = dict(BLOCK_M=lc['BLOCK_M'], BLOCK_N=lc['BLOCK_N'], BLOCK_D=lc['BLOCK_D'], CAUSAL=True,
+                          BLOCK_MODE=False, INPUT_PRECISION=prec)
             llaunch = dict(num_warps=lc['num_warps'], num_stages=lc['num_stages'])
-            qkv = dict(Q=f'*{ty}', K=f'*{ty}', V=f'*{ty}', BIAS='*fp32', MASK='*u8')
-            dims = dict(scale='fp32', L=i32, D=i32, W=i32, NH=i32)
-            strides9 = {f'stride_{t}{s}': i32 for t in 'qkv' for s in 'bhl'}
-            specs.append(dict(
-                name=f'lavo_local_fwd_{ty}_d{d}', fn=_local_fwd_kernel,
-                signature=dict(qkv, OUT=f'*{ty}', LSE='*fp32', **dims, **strides9,
-                               stride_ob=i32, stride_oh=i32, stride_ol=i32, stride_mb=i32),
-                constexprs=dict(ltiles, **lflags), **llaunch))
-            bwd_strides = dict(strides9, stride_dob=i32, stride_doh=i32, stride_dol=i32, stride_mb=i32)
-            specs.append(dict(
-                name=f'lavo_local_bwd_dkdv_{ty}_d{d}', fn=_local_bwd_dkdv_kernel,
-                signature=dict(qkv, DO=f'*{ty}', LSE='*fp32', DELTA='*fp32', DK=f'*{ty}', DV=f'*{ty}', **dims,
-                               **bwd_strides),
-                constexprs=dict(ltiles, **lflags), **llaunch))
-            specs.append(dict(
-                name=f'lavo_local_bwd_dq_{ty}_d{d}', fn=_local_bwd_dq_kernel,
-                signature=dict(qkv, DO=f'*{ty}', LSE='*fp32', DELTA='*fp32', DQ=f'*{ty}', DBIAS='*fp32', **dims,
-                               **bwd_strides),
-                constexprs=dict(ltiles, BLOCK_W=lc['BLOCK_W'], BLOCK_DIAG=lc['BLOCK_DIAG'], COMPUTE_DBIAS=True,
-                                **lflags), **llaunch))
+            for name, fn, consts in (
+                    ('lavo_local_fwd', _local_fwd_kernel, lflags),
+                    ('lavo_local_bwd_dkdv', _local_bwd_dkdv_kernel, lflags),
+                    ('lavo_local_bwd_dq', _local_bwd_dq_kernel,
+                     dict(lflags, BLOCK_W=lc['BLOCK_W'], BLOCK_DIAG=lc['BLOCK_DIAG']))):
+                signature, constexprs = aot_signature(fn, io, absent={'MASK'}, constexprs=consts)
+                specs.append(dict(name=f'{name}_{ty}_d{d}', fn=fn, signature=signature, constexprs=constexprs,
+                                  **llaunch))
     return specs

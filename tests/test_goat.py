@@ -318,7 +318,8 @@ def test_coords_check_under_script_fx_and_meta():
     bad[0, 0] = float('nan')
     scripted = torch.jit.script(layer)
     torch.testing.assert_close(scripted(x, coords), layer(x, coords=coords), rtol=0, atol=1e-6)
-    traced = torch.fx.symbolic_trace(layer, concrete_args=dict(attn_mask=None, is_causal=False, return_attn=False))
+    traced = torch.fx.symbolic_trace(layer, concrete_args=dict(attn_mask=None, is_causal=False, return_attn=False,
+                                                                       key_mask=None))
     torch.testing.assert_close(traced(x, coords), layer(x, coords=coords), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match=r'coords must be finite: coords\[0, 0\] = nan'):
         traced(x, bad)

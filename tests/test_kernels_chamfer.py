@@ -21,8 +21,10 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':  # see test_kernels_
 triton = pytest.importorskip('triton')
 
 from vision_priors.kernels import _backend  # noqa: E402
+from vision_priors.kernels._backend import TORCH_TO_TRITON, kernel_function  # noqa: E402
 from vision_priors.kernels import chamfer as C  # noqa: E402
-from vision_priors.kernels.chamfer import chamfer_distance, chamfer_nn, chamfer_nn_reference  # noqa: E402
+from vision_priors.kernels.chamfer import chamfer_distance, chamfer_nn  # noqa: E402
+from vision_priors.kernels.chamfer_ref import chamfer_nn_reference  # noqa: E402
 
 DEV = 'cuda' if _CUDA else 'cpu'
 F64 = torch.float64
@@ -216,7 +218,10 @@ def test_env_var_routes_auto_to_the_kernel(monkeypatch):
     (dict(x=torch.zeros(2, 4)), ValueError, r'x and y must be \(B, N, D\) and \(B, M, D\), got \(2, 4\)'),
     (dict(x_lengths=torch.tensor([4, 5])), ValueError, r'x_lengths must lie in \[0, 4\], got \[4, 5\]'),
     (dict(x_lengths=torch.tensor([4.0, 1.0])), ValueError, r'x_lengths must be an integer tensor of shape \(2,\)'),
-    (dict(y_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError, r'y_mask must be a bool tensor of shape \(2, 5\)'),
+    (dict(y_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
+     r'y_mask must be a bool tensor of shape \(B, L\) = \(2, 5\) with True = valid point, got torch.bool \(2, 4\)'),
+    (dict(x_mask=torch.ones(2, 4, dtype=torch.uint8)), TypeError,
+     r'x_mask must be a bool tensor of shape \(B, L\) = \(2, 4\) with True = valid point, got torch.uint8'),
     (dict(x_lengths=torch.tensor([1, 1]), x_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
      'give x_lengths or x_mask, not both'),
     (dict(reduction='max'), ValueError, r"reduction must be one of \('mean', 'sum', 'none'\), got 'max'"),
@@ -295,6 +300,8 @@ def test_aot_specs_follow_the_runtime_config():
     assert [s['name'] for s in specs] == ['chamfer_nn_fp16_D3', 'chamfer_nn_bf16_D3', 'chamfer_nn_fp32_D3']
     for s, dtype in zip(specs, (torch.float16, torch.bfloat16, torch.float32)):
         assert s['fn'] is C._nn_kernel
-        assert set(s['signature']) | set(s['constexprs']) == set(s['fn'].arg_names)
+        assert list(s['signature']) == list(kernel_function(s['fn']).arg_names)  # derived from the kernel
+        assert s['signature']['X'] == s['signature']['Y'] == f'*{TORCH_TO_TRITON[dtype]}'
+        assert s['constexprs']['YMASK'] is None and s['constexprs']['HAS_YMASK'] is False  # the heuristics' flag
         cfg = C.chamfer_config(dtype, 3)
         assert s['constexprs']['BLOCK_M'] == cfg['BLOCK_M'] and s['num_warps'] == cfg['num_warps']

@@ -1,8 +1,8 @@
 """Every Triton kernel configuration compiles for sm_80 and sm_90, without a GPU, within its resources.
 
-For each spec of each kernel module's ``aot_specs()`` (see ``kernels/aot.py``) and each target it is
-meant for: ``triton.compile`` down to the cubin must succeed, a default configuration must not spill
-registers (``ptxas -v`` spill stores / loads == 0), and every configuration's shared memory must fit
+For each spec of each kernel module's ``aot_specs()`` (see ``tools/aot.py``, development tooling outside the
+installed package) and each target it is meant for: ``triton.compile`` down to the cubin must succeed, a
+default configuration must not spill registers (``ptxas -v`` spill stores / loads == 0), and every configuration's shared memory must fit
 in a block (163 KiB on sm_80, 227 KiB on sm_90). Test ids are ``<spec name>-sm<capability>``.
 The cases compile once, in parallel worker processes (``VISION_PRIORS_AOT_JOBS``, default: the usable
 CPUs); ``VISION_PRIORS_AOT_FILTER=<regex>`` restricts them to matching spec names.
@@ -14,6 +14,7 @@ memory, a kernel that does not compile, a malformed spec and a broken kernel mod
 """
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -22,7 +23,8 @@ import pytest
 triton = pytest.importorskip('triton')
 tl = pytest.importorskip('triton.language')
 
-from vision_priors.kernels import aot  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed: the repository root
+from tools import aot  # noqa: E402
 
 CAPABILITIES = (80, 90)
 _DISCOVERY_ERRORS: Dict[str, str] = {}

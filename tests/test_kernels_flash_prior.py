@@ -28,7 +28,7 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':
                 allow_module_level=True)
 pytest.importorskip('triton')
 
-from vision_priors.kernels import flash_prior  # noqa: E402
+from vision_priors.kernels import _backend  # noqa: E402
 from vision_priors.kernels.flash_prior import aot_specs, choose_config, flash_prior_attention  # noqa: E402
 from vision_priors.kernels.flash_prior_ref import flash_prior_attention_ref  # noqa: E402
 from vision_priors.layers import GoatAttention, PopeAttention, grid_coords, sequence_coords  # noqa: E402
@@ -39,7 +39,7 @@ TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 @pytest.fixture(autouse=True)
 def nan_filled_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flash_prior, '_DEBUG_NAN_FILL', True)  # outputs and grads start as NaN
+    monkeypatch.setattr(_backend, 'POISON_OUTPUTS', True)  # outputs and grads start as NaN
 
 
 def _make_case(mode: str, B: int, H: int, N: int, d_qk: int, d_v: int, *, D: int = 1, R: int = 2, P: int = 0,
@@ -55,10 +55,10 @@ def _make_case(mode: str, B: int, H: int, N: int, d_qk: int, d_v: int, *, D: int
     leaves = {'q': q, 'k': k, 'v': v}
     kw = {}
     if padding:
-        mask = torch.zeros(B, N, dtype=torch.bool)
-        mask[0, N - 5:] = True  # right padding (a shorter sequence)
-        mask[-1, :3] = True  # left padding: under causal the first 3 queries see no key
-        kw['key_padding_mask'] = mask.to(DEVICE)
+        mask = torch.ones(B, N, dtype=torch.bool)  # key_mask: True = valid key
+        mask[0, N - 5:] = False  # right padding (a shorter sequence)
+        mask[-1, :3] = False  # left padding: under causal the first 3 queries see no key
+        kw['key_mask'] = mask.to(DEVICE)
     M = N - P
     if mode != 'plain':
         coords = rnd(B, M, D, s=3.0) if per_sample else (
@@ -226,8 +226,13 @@ def test_errors_name_the_offending_value():
         flash_prior_attention(q, k, v, alpha=kw['alpha'])
     with pytest.raises(ValueError, match=r"beta must be \(H, D, R\) = \(2, 2, 2\), got \(2, 2, 3\)"):
         flash_prior_attention(q, k, v, mode='goat', **dict(kw, beta=torch.zeros(2, 2, 3)))
-    with pytest.raises(ValueError, match=r"key_padding_mask must be a \(1, 17\) bool"):
-        flash_prior_attention(q, k, v, key_padding_mask=torch.zeros(1, 16, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"key_mask must be a bool tensor of shape \(B, L\) = \(1, 17\) with "
+                                         r"True = valid key, got torch.bool \(1, 16\)"):
+        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 16, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"key_mask must be a bool tensor .* True = valid key, got torch.uint8"):
+        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 17, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="key_padding_mask"):  # the old name (True = padded) is gone
+        flash_prior_attention(q, k, v, key_padding_mask=torch.zeros(1, 17, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"coords must be \(N - P, D\) = \(16, D\)"):
         flash_prior_attention(q, k, v, mode='goat', **dict(kw, num_prefix_tokens=1))
     with pytest.raises(ValueError, match="exceed the supported maximum 128"):
@@ -242,11 +247,12 @@ def test_errors_name_the_offending_value():
 
 def test_aot_specs_agree_with_the_runtime_dispatcher():
     from triton.runtime.jit import JITFunction
+    from vision_priors.kernels._backend import kernel_function
     specs = aot_specs()
     assert len(specs) == 3 * 3 * 3 * 2 * 2  # mode x kernel x head dim x dtype x causal
     assert len({s['name'] for s in specs}) == len(specs)
     for s in specs:
-        fn = s['fn']
+        fn = kernel_function(s['fn'])  # under @triton.heuristics
         assert isinstance(fn, JITFunction)  # compiler form even when the interpreter is on
         assert list(s['signature']) == list(fn.arg_names)
         assert set(s['constexprs']) == {n for n, t in s['signature'].items() if t == 'constexpr'}

@@ -1,10 +1,12 @@
 """LAVO Triton kernels (``kernels/lavo.py``) against float64 references written from the paper.
 
 The references below follow Zhang et al. (arXiv:2312.11135) literally and share no code with the
-kernels or their PyTorch references: the CODE branch builds the slots ``X~_t = diag(H_t) B`` of the
-running mean ``H_t = (1/n_t) sum_{valid s <= t} B z_s`` (Eqs. 3-4) and reads them with
-``softmax(scale q_t X~_t^T) X~_t``; the local branch loops over queries and their window with the
-bias ``P[j - i + w - 1]`` (Sec. 3.3). One test ties the ops to ``LavoAttention``'s own forward.
+kernels, their PyTorch backend (``lavo_torch.py``) or their dense references (``lavo_ref.py``): the CODE
+branch builds the slots ``X~_t = diag(H_t) B`` of the running mean ``H_t = (1/n_t) sum_{valid s <= t}
+B z_s`` (Eqs. 3-4) and reads them with ``softmax(scale q_t X~_t^T) X~_t``; the local branch loops over
+queries and their window with the bias ``P[j - i + w - 1]`` (Sec. 3.3). Every case also checks the ops'
+PyTorch backend (forward and gradients) and the dense references. One test ties the ops to
+``LavoAttention``'s own forward.
 
 Without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``; see the skip below),
 float32 products with ``input_precision='ieee'`` (also forced on a GPU). Every buffer a kernel
@@ -31,8 +33,9 @@ triton = pytest.importorskip('triton')
 
 from vision_priors.kernels import _backend  # noqa: E402
 from vision_priors.kernels import lavo as K  # noqa: E402
-from vision_priors.kernels.lavo import (lavo_global, lavo_global_reference, lavo_local,  # noqa: E402
-                          lavo_local_reference)
+from vision_priors.kernels._backend import kernel_function  # noqa: E402
+from vision_priors.kernels.lavo import lavo_global, lavo_local  # noqa: E402
+from vision_priors.kernels.lavo_ref import lavo_global_reference, lavo_local_reference  # noqa: E402
 
 from vision_priors.layers import LavoAttention  # noqa: E402
 
@@ -156,7 +159,11 @@ def test_global_matches_paper_reference(length, d, r, causal, masked, basis_grad
     got = _run(lambda a, b, c: lavo_global(a, b, c, scale, mask_d, causal, backend='triton'),
                [t.to(DEV, torch.float32).requires_grad_(t.requires_grad) for t in (q, z, basis)], g.to(DEV))
     _compare(got, ref, FWD_TOL, GRAD_TOL)
-    # the module's PyTorch reference implements the same equations
+    # the op's PyTorch backend (the layer's path) in float64, forward and gradients
+    torch_backend = _run(lambda a, b, c: lavo_global(a, b, c, scale, mask, causal, backend='torch'),
+                         [q, z, basis], g)
+    _compare(torch_backend, ref, 1e-12, 1e-11)
+    # the dense reference implements the same equations
     torch.testing.assert_close(lavo_global_reference(q, z, basis, scale, mask, causal).detach(), ref[0],
                                atol=1e-12, rtol=0)
 
@@ -220,6 +227,10 @@ def test_local_matches_paper_reference(length, d, w, causal, mode, masked, bias)
             or (mode == 'block' and j // w == i // w and (j <= i or not causal)))]
         if empty_rows:
             assert (got[0][-1, :, empty_rows] == 0).all()
+    # the op's PyTorch backend (the layer's blocked O(L w) path) in float64, forward and gradients
+    torch_backend = _run(with_table(lambda a, b, c, p: lavo_local(a, b, c, p, scale, w, causal, mode, mask,
+                                                                  backend='torch')), inputs, g)
+    _compare(torch_backend, ref, 1e-12, 1e-11)
     torch.testing.assert_close(lavo_local_reference(q, k, v, table, scale, w, causal, mode, mask).detach(),
                                ref[0], atol=1e-12, rtol=0)
 
@@ -278,7 +289,7 @@ def test_ops_reproduce_lavo_attention(causal, dissection, use_epe):
                                backend=backend)
         return layer._out(0.5 * (f_local + f_global))
 
-    y_layer = m(x, attn_mask=mask)
+    y_layer = m(x, key_mask=mask)
     torch.testing.assert_close(via_ops(m, x, 'torch'), y_layer, atol=1e-12, rtol=0)
     m32 = m.to(DEV, torch.float32)
     y_kernels = via_ops(m32, x.to(DEV, torch.float32), 'triton')
@@ -329,8 +340,9 @@ def test_env_var_routes_auto_to_the_kernel(monkeypatch):
     (dict(rel_bias=torch.zeros(6)), ValueError, r'rel_bias must have shape \(2 \* window - 1,\) = \(5,\), got \(6,\)'),
     (dict(mode='dilated'), ValueError, r"mode must be one of \('sliding', 'block'\), got 'dilated'"),
     (dict(key_mask=torch.ones(1, 9, dtype=torch.bool)), ValueError,
-     r'key_mask must have shape \(B, L\) = \(1, 8\), got \(1, 9\)'),
-    (dict(key_mask=torch.ones(1, 8)), TypeError, r'key_mask must be a bool tensor'),
+     r'key_mask must be a bool tensor of shape \(B, L\) = \(1, 8\) with True = valid key, got torch.bool \(1, 9\)'),
+    (dict(key_mask=torch.ones(1, 8)), TypeError,
+     r'key_mask must be a bool tensor of shape \(B, L\) = \(1, 8\) with True = valid key, got torch.float32'),
 ])
 def test_local_bad_inputs(kwargs, err, match):
     args = dict(q=torch.zeros(1, 2, 8, 16), k=torch.zeros(1, 2, 8, 16), v=torch.zeros(1, 2, 8, 16),
@@ -364,8 +376,9 @@ def test_aot_specs_follow_the_runtime_configs():
     assert len(names) == len(set(names)) and all(n.startswith('lavo_') for n in names)
     by_name = {s['name']: s for s in specs}
     for s in specs:
-        params = s['fn'].arg_names  # a @triton.jit function (interpreted under TRITON_INTERPRET=1)
-        assert set(s['signature']) | set(s['constexprs']) == set(params), s['name']
+        params = kernel_function(s['fn']).arg_names  # under @triton.heuristics (interpreted with TRITON_INTERPRET=1)
+        assert list(s['signature']) == list(params), s['name']  # derived from the kernel's parameter list
+        assert {n for n, t in s['signature'].items() if t == 'constexpr'} == set(s['constexprs']), s['name']
         assert all(isinstance(t, str) for t in s['signature'].values())
     for dtype, ty in ((torch.float16, 'fp16'), (torch.bfloat16, 'bf16'), (torch.float32, 'fp32')):
         for d in (32, 64, 128):

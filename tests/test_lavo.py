@@ -244,7 +244,7 @@ def test_causal_key_padding_mask():
     mask = torch.ones(2, 21, dtype=torch.bool)
     mask[1, 13:] = False
     with torch.no_grad():
-        y = m(x, attn_mask=mask)
+        y = m(x, key_mask=mask)
         torch.testing.assert_close(y[1, :13], m(x[1:, :13])[0], atol=FWD_TOL, rtol=0)
         torch.testing.assert_close(y[0], m(x[:1])[0], atol=FWD_TOL, rtol=0)
 
@@ -275,7 +275,7 @@ def test_noncausal_1d_matches_reference(kw):
     mask[1, 4] = mask[1, 9:] = False  # query 18 (window 11..18) and block 2 have no valid key
     _assert_matches_reference(m, m, lambda t: ref_noncausal(m, t), x)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, attn_mask=mask), ref_noncausal(m, x, valid=mask), atol=FWD_TOL, rtol=0)
+        torch.testing.assert_close(m(x, key_mask=mask), ref_noncausal(m, x, valid=mask), atol=FWD_TOL, rtol=0)
 
 
 @pytest.mark.parametrize('dissection', ['block', 'sliding'])
@@ -288,7 +288,7 @@ def test_noncausal_2d_matches_reference(dissection):
     fn = lambda t: m(t, grid_size=grid, num_prefix_tokens=n_pre)
     _assert_matches_reference(m, fn, lambda t: ref_noncausal(m, t, grid=grid, n_pre=n_pre), x)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, attn_mask=mask, grid_size=grid, num_prefix_tokens=n_pre),
+        torch.testing.assert_close(m(x, key_mask=mask, grid_size=grid, num_prefix_tokens=n_pre),
                                    ref_noncausal(m, x, valid=mask, grid=grid, n_pre=n_pre), atol=FWD_TOL, rtol=0)
 
 
@@ -436,7 +436,7 @@ def test_mismatched_dims_are_errors():
         c(torch.randn(2, 3, 8), torch.randn(2, 5, DIM))
     with pytest.raises(ValueError, match='batch sizes differ'):
         c(torch.randn(2, 3, DIM), torch.randn(3, 5, DIM))
-    with pytest.raises(ValueError, match=r'context_mask must have shape'):
+    with pytest.raises(ValueError, match=r'key_mask must be a bool tensor of shape \(B, L\) = \(2, 5\) with True = valid key, got torch.bool \(2, 4\)'):
         c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match='bool'):
         c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 5))
@@ -545,10 +545,10 @@ def test_script_cross_matches_eager(masked):
 
 
 def test_scripted_finfo_min_matches_torch():
-    from vision_priors.layers.lavo import _finfo_min
-    fn = torch.jit.script(_finfo_min)
+    from vision_priors.kernels.lavo_torch import finfo_min
+    fn = torch.jit.script(finfo_min)
     for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
-        assert fn(dt) == _finfo_min(dt) == torch.finfo(dt).min
+        assert fn(dt) == finfo_min(dt) == torch.finfo(dt).min
 
 
 def test_num_spatial_dims_keeps_only_the_used_bias_table():

@@ -23,11 +23,9 @@ Differences from PoinTr, all deliberate:
 Every nearest-neighbour search goes through the package op :func:`vision_priors.kernels.chamfer_nn`
 (Triton on CUDA, PyTorch elsewhere). The search runs without autograd; the distances are then
 recomputed from the neighbour indices, ``||p_i - g_idx(i)||^2``, which autograd differentiates with the
-gradient of the minimum, so the backward pass is O(B (N + M) D) in memory on every backend. The op's
-PyTorch path used to be dense (one (B, N, M, D) difference tensor per call: ~3 GiB per sample for
-16,384 x 16,384 float32 points); where the op does not advertise its own tiling (``TORCH_TILE_PAIRS``
-in ``kernels/chamfer.py``), the search on that path runs here in tiles of at most ``_MAX_PAIRS``
-point pairs, merged with the op's first-index tie-break.
+gradient of the minimum, so the backward pass is O(B (N + M) D) in memory on every backend; the op's
+PyTorch search is itself tiled (``TORCH_TILE_PAIRS`` point pairs at a time), so 16,384 x 16,384 clouds
+stay memory-bounded.
 """
 from __future__ import annotations
 
@@ -36,23 +34,9 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
-from vision_priors.kernels import chamfer as _chamfer_op
 from vision_priors.kernels import chamfer_nn
 
-try:  # the op's own backend choice (argument > VISION_PRIORS_KERNELS > auto); private, so guarded
-    from vision_priors.kernels._backend import resolve_backend as _resolve_backend
-except ImportError:  # pragma: no cover - fall back to the documented rule: Triton on CUDA
-    _resolve_backend = None
-
 __all__ = ['chamfer_l1', 'chamfer_l2', 'f_score', 'completion_metrics', 'nearest_sq_distances']
-
-# Whether to tile here: only when the op's PyTorch path does not tile itself (older, dense op).
-_TILE_HERE = not hasattr(_chamfer_op, 'TORCH_TILE_PAIRS')
-# Point pairs per chamfer_nn call on its dense PyTorch path: the call holds a (B, n, m, D) difference
-# tensor, so 2**21 pairs of 3D float32 points is ~25 MiB per temporary.
-_MAX_PAIRS = 2 ** 21
-_MIN_ROWS = 64  # fewest x-rows per tile, so that large batches do not degenerate into one-row tiles
-_Y_TILE = 2048
 
 
 def _check_pair(pred: Tensor, gt: Tensor) -> None:
@@ -72,39 +56,11 @@ def _check_pair(pred: Tensor, gt: Tensor) -> None:
         raise TypeError(f'pred and gt must share one floating dtype, got {pred.dtype} and {gt.dtype}')
 
 
-def _dense_torch_path(x: Tensor, y: Tensor) -> bool:
-    if _resolve_backend is None:
-        return not (x.is_cuda and y.is_cuda)
-    return _resolve_backend('auto', x, y) == 'torch'
-
-
 @torch.no_grad()
 def _nn_indices(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
     """Index of each x's nearest y (B, N) and of each y's nearest x (B, M), via ``chamfer_nn``."""
-    bsz, n, m = x.shape[0], x.shape[1], y.shape[1]
-    if not _TILE_HERE or bsz * n * m <= _MAX_PAIRS or not _dense_torch_path(x, y):
-        res = chamfer_nn(x, y)
-        return res.idx_x, res.idx_y
-    y_tile = min(m, _Y_TILE)
-    x_tile = min(n, max(_MIN_ROWS, _MAX_PAIRS // (bsz * y_tile)))
-    acc = torch.promote_types(x.dtype, torch.float32)
-    best_x = torch.full((bsz, n), float('inf'), dtype=acc, device=x.device)
-    idx_x = torch.full((bsz, n), -1, dtype=torch.long, device=x.device)
-    best_y = torch.full((bsz, m), float('inf'), dtype=acc, device=x.device)
-    idx_y = torch.full((bsz, m), -1, dtype=torch.long, device=x.device)
-    for xs in range(0, n, x_tile):  # tiles in increasing index order + strict '<': first index among ties
-        xe = min(n, xs + x_tile)
-        for ys in range(0, m, y_tile):
-            ye = min(m, ys + y_tile)
-            r = chamfer_nn(x[:, xs:xe], y[:, ys:ye])
-            dx, dy = r.dist_x.to(acc), r.dist_y.to(acc)
-            better = dx < best_x[:, xs:xe]
-            best_x[:, xs:xe] = torch.where(better, dx, best_x[:, xs:xe])
-            idx_x[:, xs:xe] = torch.where(better, r.idx_x + ys, idx_x[:, xs:xe])
-            better = dy < best_y[:, ys:ye]
-            best_y[:, ys:ye] = torch.where(better, dy, best_y[:, ys:ye])
-            idx_y[:, ys:ye] = torch.where(better, r.idx_y + xs, idx_y[:, ys:ye])
-    return idx_x, idx_y
+    res = chamfer_nn(x, y)
+    return res.idx_x, res.idx_y
 
 
 def _sq_dist_to(src: Tensor, dst: Tensor, idx: Tensor) -> Tensor:

@@ -23,8 +23,10 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
+from vision_priors.kernels._backend import check_key_mask
+
 from .coords import check_mask_args, resolve_token_coords
-from .kernel_dispatch import check_kernel_backend, key_padding_mask, use_flash_kernel
+from .kernel_dispatch import check_kernel_backend, kernel_key_mask, key_mask_to_attn_mask, use_flash_kernel
 
 # leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
 torch.fx.wrap('check_mask_args')
@@ -288,8 +290,8 @@ class GoatPrior(nn.Module):
 class GoatAttention(nn.Module):
     """Multi-head self-attention with the GOAT positional log-prior, computed by one SDPA call.
 
-    The block-facing API matches timm's ``Attention`` plus token coordinates:
-    ``forward(x, coords=None, attn_mask=None, is_causal=False, return_attn=False)``.
+    The block-facing API matches timm's ``Attention`` plus token coordinates and the package's key mask:
+    ``forward(x, coords=None, attn_mask=None, is_causal=False, return_attn=False, key_mask=None)``.
 
     Args:
         dim: Embedding width C.
@@ -385,7 +387,7 @@ class GoatAttention(nn.Module):
         return self.prior.prior_logits(coords)
 
     @torch.jit.unused
-    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
+    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, key_mask: Optional[Tensor],
                          is_causal: bool) -> Tensor:
         """The fused Triton kernel (``vision_priors.kernels.flash_prior``, GOAT mode): the prior is built in-kernel from
         per-position cos/sin tables, so the d_p extra q/k coordinates are never materialised."""
@@ -397,7 +399,7 @@ class GoatAttention(nn.Module):
         return flash_prior_attention(
             q, k, v, mode='goat', coords=coords, freqs=self.prior.frequencies(coords.dtype, coords.device),
             alpha=self.prior.alpha, beta=self.prior.beta, key_default=u, num_prefix_tokens=P,
-            causal=is_causal, key_padding_mask=key_padding_mask(attn_mask), scale=self.content_scale)
+            causal=is_causal, key_mask=key_mask, scale=self.content_scale)
 
     def forward(
             self,
@@ -406,17 +408,22 @@ class GoatAttention(nn.Module):
             attn_mask: Optional[Tensor] = None,
             is_causal: bool = False,
             return_attn: bool = False,
+            key_mask: Optional[Tensor] = None,
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
 
         ``coords`` is (N - P, D) shared by the batch or (B, N - P, D) per sample (see
-        ``resolve_token_coords``). Returns ``out`` (B, N, C), or ``(out, probs)`` with
-        ``return_attn=True``, both from the explicit dense path (probs: (B, H, N, N)).
-        The fused path runs the Triton kernel where ``kernel_backend`` / ``VISION_PRIORS_KERNELS`` select it
-        (default: on CUDA tensors; see ``kernel_dispatch``) and one SDPA call otherwise.
+        ``resolve_token_coords``). ``attn_mask`` is the general SDPA mask (boolean, True = attend, or
+        additive; not with ``is_causal``); ``key_mask`` (B, N) bool, True = valid key, is the package's
+        key-padding convention (it combines with either); a query without any valid key outputs zeros.
+        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the explicit
+        dense path (probs: (B, H, N, N)). The fused path runs the Triton kernel where ``kernel_backend`` /
+        ``VISION_PRIORS_KERNELS`` select it (default: on CUDA tensors; see ``kernel_dispatch``) and one
+        SDPA call otherwise.
         """
         B, N, C = x.shape
         check_mask_args(attn_mask, is_causal)
+        check_key_mask(key_mask, B, N, device=x.device)
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
             x.device, self.prior.alpha.dtype, B)
@@ -428,9 +435,10 @@ class GoatAttention(nn.Module):
 
         if not torch.jit.is_scripting() and not return_attn and self.fused_attn and use_flash_kernel(
                 self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh):
-            out = self._flash_attention(q, k, v, coords, attn_mask, is_causal)
+            out = self._flash_attention(q, k, v, coords, kernel_key_mask(key_mask, attn_mask), is_causal)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
+        attn_mask, is_causal, has_key = key_mask_to_attn_mask(key_mask, attn_mask, is_causal, N)
         q_pos, k_pos = self.prior.qk_coordinates(coords)  # (H, N, d_p) or (B, H, N, d_p)
         q_pos = q_pos.to(x.dtype)
         k_pos = k_pos.to(x.dtype)
@@ -441,6 +449,8 @@ class GoatAttention(nn.Module):
             if bias is not None:
                 logits = logits + bias
             probs = logits.softmax(dim=-1)
+            if has_key is not None:
+                probs = probs * has_key
             out = self.attn_drop(probs) @ v
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
             if return_attn:
@@ -455,4 +465,6 @@ class GoatAttention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.content_scale,
             dropout_p=self.attn_drop.p if self.training else 0.)
+        if has_key is not None:
+            out = out * has_key
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

@@ -3,18 +3,24 @@
 One rule for every layer: the Triton op runs when the backend resolves to Triton (``kernel_backend``
 argument 'auto' | 'triton' | 'torch', then the ``VISION_PRIORS_KERNELS`` environment variable; 'auto'
 means Triton on CUDA tensors), and the call is one the kernel computes exactly: no attention dropout
-while training, and a mask that is either absent or a boolean key-padding mask (B, 1, 1, N). Everything
-else (TorchScript, torch.fx tracing, CPU tensors without the interpreter, general masks) keeps the
-exact PyTorch path.
+while training, and a general ``attn_mask`` that is either absent or a boolean (B, 1, 1, N) one (which
+is a key mask). Everything else (TorchScript, torch.fx tracing, CPU tensors without the interpreter,
+general masks) keeps the exact PyTorch path.
+
+Key masks: every layer and op takes ``key_mask`` (B, N) bool, True = valid key (``check_key_mask``).
+On the SDPA / dense paths :func:`key_mask_to_attn_mask` folds it into the general SDPA ``attn_mask``;
+on the kernel path :func:`kernel_key_mask` merges it with a (B, 1, 1, N) boolean ``attn_mask``. Either
+way a query without any valid key outputs zeros (the kernels' rule), never NaN.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from vision_priors.kernels._backend import BACKENDS, resolve_backend
 
-__all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'key_padding_mask', 'tracing_or_compiling', 'use_flash_kernel']
+__all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'kernel_key_mask', 'key_mask_to_attn_mask',
+           'tracing_or_compiling', 'use_flash_kernel']
 
 KERNEL_BACKENDS = BACKENDS
 
@@ -26,11 +32,50 @@ def check_kernel_backend(backend: str) -> str:
     return backend
 
 
-def key_padding_mask(attn_mask: Optional[Tensor]) -> Optional[Tensor]:
-    """(B, 1, 1, N) boolean attend-mask (True = attend) -> the kernels' (B, N) padding mask (True = ignore)."""
+def kernel_key_mask(key_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """The kernels' (B, N) ``key_mask`` (True = valid key) from a layer's ``key_mask`` and a (B, 1, 1, N)
+    boolean SDPA ``attn_mask`` (True = attend; the only kind ``use_flash_kernel`` lets through): their AND."""
+    from_attn = None if attn_mask is None else attn_mask[:, 0, 0]
+    if key_mask is None:
+        return from_attn
+    if from_attn is None:
+        return key_mask
+    return key_mask & from_attn
+
+
+def key_mask_to_attn_mask(key_mask: Optional[Tensor], attn_mask: Optional[Tensor], is_causal: bool,
+                          num_queries: int) -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
+    """Fold a (B, N) ``key_mask`` (True = valid key) into SDPA's arguments.
+
+    Args:
+        key_mask: (B, N) bool or None (checked by the caller).
+        attn_mask: The general SDPA mask (boolean, True = attend, or additive), broadcastable to
+            (B, H, num_queries, N), or None.
+        is_causal: SDPA's causal flag.
+        num_queries: Query count (rows of the causal mask).
+
+    Returns:
+        (attn_mask, is_causal, has_key): unchanged with ``has_key`` None when ``key_mask`` is None; else one
+        mask (boolean unless ``attn_mask`` is additive) that also drops the invalid keys (and the future keys
+        when causal; ``is_causal`` is then False), and ``has_key`` (B, 1, num_queries, 1) bool: False for
+        queries with no valid key. Their rows attend to every key here (finite softmax); multiply the
+        attention output (and probabilities) by ``has_key`` to give them zeros.
+    """
+    if key_mask is None:
+        return attn_mask, is_causal, None
+    keep = key_mask[:, None, None, :]  # (B, 1, 1, N)
+    if is_causal:
+        n = key_mask.shape[1]
+        keep = keep & torch.ones(num_queries, n, dtype=torch.bool, device=key_mask.device).tril()
+        has_key = keep.any(dim=-1, keepdim=True)  # (B, 1, M, 1)
+    else:
+        has_key = key_mask.any(dim=-1)[:, None, None, None].expand(key_mask.shape[0], 1, num_queries, 1)
+    keep = keep | ~has_key  # no valid key: attend everywhere (finite), zeroed by the caller
     if attn_mask is None:
-        return None
-    return ~attn_mask[:, 0, 0]
+        return keep, False, has_key
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep, False, has_key
+    return torch.where(keep, attn_mask, torch.full_like(attn_mask, float('-inf'))), False, has_key
 
 
 @torch.jit.unused

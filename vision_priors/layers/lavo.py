@@ -30,8 +30,9 @@ Choices where the paper is silent (all configurable):
     * EPE on a 2D grid: offsets ``|dy|, |dx| <= w2 - 1`` with a ``(2 w2 - 1)^2`` table;
       'block' CD uses ``w2 x w2`` tiles. Prefix tokens (e.g. class token) use local attention among
       prefix tokens only (no bias) and reach the patches through the global branch.
-    * Padding: a (B, L) bool mask (True = valid) removes tokens from local windows and from the mean H
-      (the count is over valid tokens); a query with no valid key in a window gets 0 from that window.
+    * Padding: ``key_mask`` (B, L) bool, True = valid key (the package's one convention) removes tokens
+      from local windows and from the mean H (the count is over valid tokens); a query with no valid key in
+      a window gets 0 from that window.
     * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head.
 
 TorchScript: ``LavoAttention.forward`` (causal or not; ``grid_size`` as a list of two ints) and
@@ -47,6 +48,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.parametrizations import orthogonal
+
+from vision_priors.kernels._backend import check_key_mask
+from vision_priors.kernels.lavo_torch import code_memory, code_read as _code_read, code_slot_probs, finfo_min
+from vision_priors.kernels.lavo_torch import lavo_local_windows
 
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
@@ -102,12 +107,6 @@ class OrthogonalBasis(nn.Module):
         return ((b @ b.transpose(-1, -2) - eye) ** 2).sum()
 
 
-def _slot_probs(q: Tensor, h: Tensor, basis: Tensor, scale: float) -> Tensor:
-    """Slot weights ``softmax(scale * q (diag(H) B)^T)`` of :func:`code_read`, (B, heads, L, r)."""
-    logits = (q @ basis.transpose(-1, -2)) * h * scale
-    return logits.softmax(dim=-1)
-
-
 def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, attn_drop: Optional[nn.Module] = None) -> Tensor:
     """Read the CODE slots ``diag(H) B`` with softmax attention (Eqs. 3, 4, 6).
 
@@ -119,63 +118,19 @@ def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, attn_drop: Opti
         attn_drop: Optional dropout on the slot weights.
 
     Returns:
-        ``softmax(scale * q (diag(H) B)^T) diag(H) B`` as (B, heads, L, d), costing O(L r d).
+        ``softmax(scale * q (diag(H) B)^T) diag(H) B`` as (B, heads, L, d), costing O(L r d)
+        (``vision_priors.kernels.lavo_torch.code_read``, the ``lavo_global`` op's PyTorch backend).
     """
-    p = _slot_probs(q, h, basis, scale)
-    if attn_drop is not None:
-        p = attn_drop(p)
+    if attn_drop is None:
+        return _code_read(q, h, basis, scale)
+    p = attn_drop(code_slot_probs(q, h, basis, scale))
     return (p * h) @ basis
-
-
-def _finfo_min(dtype: torch.dtype) -> float:
-    """``torch.finfo(dtype).min`` for floating dtypes, written so that TorchScript compiles it."""
-    if not torch.jit.is_scripting():
-        return torch.finfo(dtype).min
-    if dtype == torch.float64:
-        return -1.7976931348623157e+308
-    if dtype == torch.float16:
-        return -65504.0
-    if dtype == torch.bfloat16:
-        return -3.3895313892515355e+38
-    return -3.4028234663852886e+38  # float32
-
-
-def _check_key_mask(mask: Optional[Tensor], batch: int, length: int, name: str) -> Optional[Tensor]:
-    if mask is None:
-        return None
-    if not torch.jit.is_scripting():
-        if mask.dtype != torch.bool:
-            raise TypeError(f'{name} must be a bool tensor (True = valid token), got dtype {mask.dtype}')
-        if tuple(mask.shape) != (batch, length):
-            raise ValueError(
-                f'{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}')
-    else:
-        if mask.dtype != torch.bool:
-            raise TypeError(name + ' must be a bool tensor (True = valid token)')
-        if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != length:
-            raise ValueError(name + ' must have shape (batch, length)')
-    return mask
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Softmax over the last dim with excluded entries exactly 0; rows with no valid entry give 0."""
-    scores = scores.masked_fill(~mask, _finfo_min(scores.dtype))
+    scores = scores.masked_fill(~mask, finfo_min(scores.dtype))
     return scores.softmax(dim=-1) * mask.any(dim=-1, keepdim=True)
-
-
-def _to_blocks(t: Tensor, pad: int, nb: int, w: int) -> Tensor:
-    """(B, H, L, d) -> (B, H, nb, w, d), zero-padded at the end."""
-    b, nh, _, d = t.shape
-    return F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d)
-
-
-def _gather_blocks(t: Tensor, dim: int, offsets: List[int], nb: int) -> Tensor:
-    """Concatenates blocks ``c + o`` (o in offsets, zero outside) of block dim ``dim`` along ``dim + 1``."""
-    if len(offsets) == 1:
-        return t
-    lo_off, hi_off = offsets[0], offsets[-1]
-    tp = F.pad(t, [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off])
-    return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in offsets], dim=dim + 1)
 
 
 def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
@@ -329,70 +284,26 @@ class LavoAttention(nn.Module):
         b, length = f.shape[0], f.shape[2]
         return self.proj_drop(self.proj(f.transpose(1, 2).reshape(b, length, self.dim)))
 
+    def _drop_p(self) -> float:
+        """The attention-dropout probability in effect (0 in eval mode)."""
+        return self.attn_drop.p if self.training else 0.
+
     def _read(self, q: Tensor, h: Tensor, basis: Tensor) -> Tensor:
         """:func:`code_read` with this module's scale and slot dropout."""
-        p = self.attn_drop(_slot_probs(q, h, basis, self.scale))
-        return (p * h) @ basis
-
-    def _attend_blocks(
-            self, s: Tensor, values: Tensor, in_range: Tensor, valid: Tensor, masked: bool, length: int,
-    ) -> Tensor:
-        """Softmax over the gathered keys of each block; (B, H, nb, w, K) scores -> (B, H, L, d)."""
-        b, nh, nb, w, d = values.shape[0], values.shape[1], s.shape[2], s.shape[3], values.shape[-1]
-        p = s.softmax(dim=-1)
-        if masked:  # rows without any valid key give 0, not a uniform average
-            p = p * (in_range[None, None] & valid[:, :, None, :]).any(-1, keepdim=True)[:, None]
-        p = self.attn_drop(p)
-        return (p @ values).reshape(b, nh, nb * w, d)[:, :, :length]
+        return _code_read(q, h, basis, self.scale, self._drop_p())
 
     def _local_1d(
             self, q: Tensor, k: Tensor, v: Tensor, key_valid: Optional[Tensor], sliding: bool, block: bool,
     ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-        """Windowed attention in blocks of ``w = window`` tokens (Secs. 3.2-3.3), no loop over time.
-
-        Query i sees keys j with ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` and gets the EPE
-        bias ``P[j - i + w - 1]``. Queries of block c score the keys of blocks c-1, c (and c+1);
-        memory is O(L w). The same scores restricted to block c give the context-dissection aggregate
-        (attention within the token's own window, causally when ``causal``).
+        """Windowed attention in blocks of ``w = window`` tokens (Secs. 3.2-3.3), no loop over time: the
+        ``lavo_local`` op's PyTorch backend (``vision_priors.kernels.lavo_torch.lavo_local_windows``).
 
         Returns:
             (sliding-window output or None, own-block output or None), each (B, H, L, d).
         """
-        b, length = q.shape[0], q.shape[2]
-        w = self.window
-        causal = self.causal
-        bias_table = self.rel_bias if self.use_epe else None
-        nb = -(-length // w)
-        pad = nb * w - length
-        if sliding:
-            offsets = [-1, 0] if causal else [-1, 0, 1]
-        else:
-            offsets = [0]
-        own = offsets.index(0) * w  # column offset of block c among the gathered keys
-        qb, kb, vb = _to_blocks(q * self.scale, pad, nb, w), _to_blocks(k, pad, nb, w), _to_blocks(v, pad, nb, w)
-
-        neg = _finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
-        a = torch.arange(w, device=q.device)
-        rel = torch.cat([o * w + a for o in offsets])[None, :] - a[:, None]  # (w, K): j - i
-        in_range = (rel >= -(w - 1)) & (rel <= (0 if causal else w - 1))
-        static = torch.zeros(in_range.shape, dtype=q.dtype, device=q.device)
-        if bias_table is not None:
-            static = static + bias_table[(rel + w - 1).clamp(0, bias_table.numel() - 1)]
-        static = static.masked_fill(~in_range, neg)
-        valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_valid is None else key_valid
-        valid = _gather_blocks(F.pad(valid, (0, pad)).reshape(b, nb, w), 1, offsets, nb)  # (B, nb, K)
-        scores = qb @ _gather_blocks(kb, 2, offsets, nb).transpose(-1, -2) + static
-        scores = scores + torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, neg)[:, None, :, None, :]
-
-        masked = key_valid is not None
-        f_slide: Optional[Tensor] = None
-        f_block: Optional[Tensor] = None
-        if sliding:
-            f_slide = self._attend_blocks(scores, _gather_blocks(vb, 2, offsets, nb), in_range, valid, masked, length)
-        if block:
-            f_block = self._attend_blocks(
-                scores[..., own:own + w], vb, in_range[:, own:own + w], valid[:, :, own:own + w], masked, length)
-        return f_slide, f_block
+        bias = self.rel_bias if self.use_epe else None
+        return lavo_local_windows(q, k, v, bias, self.scale, self.window, self.causal, key_valid, sliding, block,
+                                  self._drop_p())
 
     def _local_2d(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
@@ -486,7 +397,7 @@ class LavoAttention(nn.Module):
     def forward(
             self,
             x: Tensor,
-            attn_mask: Optional[Tensor] = None,
+            key_mask: Optional[Tensor] = None,
             grid_size: Optional[List[int]] = None,
             num_prefix_tokens: int = 0,
     ) -> Tensor:
@@ -494,8 +405,9 @@ class LavoAttention(nn.Module):
 
         Args:
             x: (B, L, C) tokens.
-            attn_mask: Optional (B, L) bool key-padding mask, True = valid. Invalid tokens are left out
-                of the local windows and of the mean H (the count is over valid tokens).
+            key_mask: Optional (B, L) bool, True = valid key (the one key-mask convention of the package).
+                Invalid tokens are left out of the local windows and of the mean H (the count is over
+                valid tokens); a query whose window holds no valid key gets 0 from that window.
             grid_size: Non-causal only: (rows, cols) of the patch grid for the 2D local window; the
                 tokens are ``num_prefix_tokens`` prefix tokens followed by rows * cols patches, row-major.
                 A tuple or a list of two ints (a list under TorchScript).
@@ -509,7 +421,7 @@ class LavoAttention(nn.Module):
                 raise ValueError(f'expected x of shape (B, L, {self.dim}), got {tuple(x.shape)}')
             raise ValueError('expected input x of shape (B, L, dim)')
         b, length = x.shape[0], x.shape[1]
-        valid = _check_key_mask(attn_mask, b, length, 'attn_mask')
+        valid = check_key_mask(key_mask, b, length, device=x.device)
         grid = self._check_grid(grid_size, num_prefix_tokens, length)
         q, k, v = self._qkv(x)
         if not torch.jit.is_scripting() and grid is None and use_flash_kernel(
@@ -517,23 +429,7 @@ class LavoAttention(nn.Module):
             return self._out(self._kernel_branches(q, k, v, valid))
         f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
         basis = self.basis()
-        proj = z @ basis.transpose(-1, -2)  # B z_t, (B, H, L, r)
-        m: Optional[Tensor] = None
-        if valid is not None:
-            m = valid[:, None, :, None].to(proj.dtype)
-            proj = proj * m
-        if self.causal:
-            num = proj.cumsum(dim=2)  # Eq. 4: H_t = (1/t) sum_{s<=t} B z_s
-            if m is None:
-                cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
-            else:
-                cnt = m.cumsum(dim=2).clamp(min=1)
-            h = num / cnt
-        else:
-            if m is None:
-                h = proj.sum(dim=2, keepdim=True) / length  # Eq. 3 over the whole sequence
-            else:
-                h = proj.sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
+        h = code_memory(z, basis, valid, self.causal)  # Eq. 4 (causal) or Eq. 3 over the whole sequence
         f_global = self._read(q, h, basis)
         return self._out(self._combine(f_local, f_global))
 
@@ -641,9 +537,7 @@ class LavoAttention(nn.Module):
         q, k, v = self._qkv(x)
         f_local, z = self._branches(q, k, v, None, None, 0)
         basis = self.basis()
-        proj = z @ basis.transpose(-1, -2)
-        cnt = torch.arange(1, length + 1, device=x.device, dtype=proj.dtype)[:, None]
-        h = proj.cumsum(dim=2) / cnt
+        h = code_memory(z, basis, None, True)
         y = self._out(self._combine(f_local, self._read(q, h, basis)))
         w = self.window
         pad = max(0, w - length)
@@ -707,30 +601,27 @@ class LavoCrossAttention(nn.Module):
         """``||B B^T - I||_F^2`` summed over heads; add to the loss with ``basis='penalty'``."""
         return self.basis.orthogonality_penalty()
 
-    def compress(self, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
+    def compress(self, context: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r);
-        zero for a sample without source tokens (n = 0 or all masked)."""
+        zero for a sample without source tokens (n = 0 or all masked). ``key_mask``: (B, n) bool, True =
+        valid source token."""
         if context.dim() != 3 or context.shape[-1] != self.context_dim:
             if not torch.jit.is_scripting():
                 raise ValueError(
                     f'context must be (B, n, {self.context_dim}) (context_dim), got {tuple(context.shape)}')
             raise ValueError('context must be (B, n, context_dim)')
         b, n = context.shape[0], context.shape[1]
-        valid = _check_key_mask(context_mask, b, n, 'context_mask')
+        valid = check_key_mask(key_mask, b, n, device=context.device)
         src = self.kv(context).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        proj = src @ self.basis().transpose(-1, -2)  # (B, H, n, r)
-        if valid is None:
-            return proj.sum(dim=2, keepdim=True) / max(n, 1)  # n = 0: H = 0, as for an all-masked sample
-        m = valid[:, None, :, None].to(proj.dtype)
-        return (proj * m).sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
+        return code_memory(src, self.basis(), valid, False)  # n = 0: H = 0, as for an all-masked sample
 
-    def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         """Cross-attend targets to the compressed source.
 
         Args:
             x: (B, m, C) targets (queries).
-            context: (B, n, context_dim) source.
-            context_mask: Optional (B, n) bool, True where a source token is valid.
+            context: (B, n, context_dim) source (the keys).
+            key_mask: Optional (B, n) bool, True = valid key (source token); the one key-mask convention.
 
         Returns:
             (B, m, C). A sample with no source token (an empty context, n = 0, or every token masked)
@@ -747,9 +638,7 @@ class LavoCrossAttention(nn.Module):
                 raise ValueError(f'batch sizes differ: x has {x.shape[0]}, context has {context.shape[0]}')
             raise ValueError('batch sizes of x and context differ')
         b, m = x.shape[0], x.shape[1]
-        h = self.compress(context, context_mask)
+        h = self.compress(context, key_mask)
         q = self.q(x).reshape(b, m, self.num_heads, self.head_dim).transpose(1, 2)
-        basis = self.basis()
-        p = self.attn_drop(_slot_probs(q, h, basis, self.scale))
-        out = (p * h) @ basis
+        out = _code_read(q, h, self.basis(), self.scale, self.attn_drop.p if self.training else 0.)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, m, self.dim)))

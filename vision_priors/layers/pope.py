@@ -23,11 +23,12 @@ from torch.jit import Final
 
 from timm.layers.attention import resolve_self_attn_mask
 
-from vision_priors.kernels._backend import requested_backend
+from vision_priors.kernels._backend import check_key_mask, requested_backend
 from vision_priors.kernels.pope_cpu import DEFAULT_LOGITS_BYTES, load_pope_cpu_op, pope_cpu_attention
 
 from .coords import check_mask_args, resolve_token_coords
-from .kernel_dispatch import check_kernel_backend, key_padding_mask, tracing_or_compiling, use_flash_kernel
+from .kernel_dispatch import (check_kernel_backend, kernel_key_mask, key_mask_to_attn_mask, tracing_or_compiling,
+                              use_flash_kernel)
 
 # leaf calls under torch.fx symbolic tracing: they run on concrete values, checks included
 torch.fx.wrap('check_mask_args')
@@ -232,7 +233,7 @@ class PopeAttention(nn.Module):
     """Multi-head self-attention with PoPE (polar) positions, computed by one SDPA call.
 
     Same API as ``GoatAttention``: ``forward(x, coords=None, attn_mask=None, is_causal=False,
-    return_attn=False)``. Scores are scaled by 1 / sqrt(d_h) as in standard attention.
+    return_attn=False, key_mask=None)``. Scores are scaled by 1 / sqrt(d_h) as in standard attention.
 
     Args:
         dim: Embedding width C.
@@ -297,7 +298,7 @@ class PopeAttention(nn.Module):
         self.grid_size = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
 
     @torch.jit.unused
-    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, attn_mask: Optional[Tensor],
+    def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, key_mask: Optional[Tensor],
                          is_causal: bool) -> Tensor:
         """The fused Triton kernel (``vision_priors.kernels.flash_prior``, PoPE mode): softplus magnitudes and phases are
         applied per tile in-kernel, so the width-2d q/k features are never materialised."""
@@ -308,7 +309,7 @@ class PopeAttention(nn.Module):
         return flash_prior_attention(
             q, k, v, mode='pope', coords=coords, freqs=ladder, phase_bias=phases.phase_bias,
             num_prefix_tokens=self.num_prefix_tokens, causal=is_causal,
-            key_padding_mask=key_padding_mask(attn_mask), scale=self.scale)
+            key_mask=key_mask, scale=self.scale)
 
     def forward(
             self,
@@ -317,15 +318,20 @@ class PopeAttention(nn.Module):
             attn_mask: Optional[Tensor] = None,
             is_causal: bool = False,
             return_attn: bool = False,
+            key_mask: Optional[Tensor] = None,
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attention over (B, N, C) tokens whose last N - P have coordinates ``coords``.
 
         ``coords`` is (N - P, D) shared by the batch or (B, N - P, D) per sample (see
-        ``resolve_token_coords``). Returns ``out`` (B, N, C), or ``(out, probs)`` with
-        ``return_attn=True``, both from the explicit dense path (probs: (B, H, N, N)).
+        ``resolve_token_coords``). ``attn_mask`` is the general SDPA mask (boolean, True = attend, or
+        additive; not with ``is_causal``); ``key_mask`` (B, N) bool, True = valid key, is the package's
+        key-padding convention (it combines with either); a query without any valid key outputs zeros.
+        Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the explicit
+        dense path (probs: (B, H, N, N)).
         """
         B, N, C = x.shape
         check_mask_args(attn_mask, is_causal)
+        check_key_mask(key_mask, B, N, device=x.device)
         coords = resolve_token_coords(
             coords, N - self.num_prefix_tokens, self.num_spatial_dims, self.num_prefix_tokens, self.grid_size,
             x.device, self.phases.phase_bias_raw.dtype, B)
@@ -334,18 +340,19 @@ class PopeAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if not torch.jit.is_scripting() and not return_attn and self.fused_attn and use_flash_kernel(
                 self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh):
-            out = self._flash_attention(q, k, v, coords, attn_mask, is_causal)
+            out = self._flash_attention(q, k, v, coords, kernel_key_mask(key_mask, attn_mask), is_causal)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
         q_phase, k_phase = self.phases.phases(coords)
         q_table = phase_table(q_phase, self.scale).to(q.dtype)
         k_table = phase_table(k_phase).to(k.dtype)
-        if (not torch.jit.is_scripting() and not return_attn and self.fused_attn
+        if (not torch.jit.is_scripting() and not return_attn and self.fused_attn and key_mask is None
                 and use_cpu_inference_attention(x, attn_mask, is_causal, self.training and self.attn_drop.p > 0)):
             out = cpu_inference_attention(q, k, v, q_table, k_table, self.kernel_backend)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
         q = pope_features(F.softplus(q), q_table)
         k = pope_features(F.softplus(k), k_table)
+        attn_mask, is_causal, has_key = key_mask_to_attn_mask(key_mask, attn_mask, is_causal, N)
 
         if return_attn or not self.fused_attn:
             logits = q @ k.transpose(-2, -1)
@@ -353,6 +360,8 @@ class PopeAttention(nn.Module):
             if bias is not None:
                 logits = logits + bias
             probs = logits.softmax(dim=-1)
+            if has_key is not None:
+                probs = probs * has_key
             out = self.attn_drop(probs) @ v
             out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
             if return_attn:
@@ -367,4 +376,6 @@ class PopeAttention(nn.Module):
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0,
             dropout_p=self.attn_drop.p if self.training else 0.)
         out = out[..., :dh]
+        if has_key is not None:
+            out = out * has_key
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels._backend import check_key_mask
 from ..layers.lavo import LavoCrossAttention
 from ..metrics import chamfer_l1
 
@@ -166,9 +167,7 @@ class VanillaCrossAttention(nn.Module):
         k, v = self.kv(context).reshape(b, n, 2, h, d).permute(2, 0, 3, 1, 4)
         mask = None
         if key_mask is not None:
-            if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (b, n):
-                raise ValueError(f'key_mask must be bool of shape {(b, n)}, got {key_mask.dtype} '
-                                 f'{tuple(key_mask.shape)}')
+            check_key_mask(key_mask, b, n)
             mask = key_mask[:, None, None, :]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if key_mask is not None:  # all-masked rows: SDPA gives nan; make them 0 like LAVO's empty source

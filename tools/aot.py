@@ -1,10 +1,14 @@
 """Ahead-of-time compilation of the Triton kernels for NVIDIA targets, on a machine without a GPU.
 
-Every kernel module under ``kernels/`` may expose ``aot_specs() -> list[dict]``, one dict per
-configuration its runtime dispatcher can choose on a GPU::
+Development tooling: this module lives in the repository's ``tools/`` folder, outside the installed
+package (``vision_priors``); ``tests/test_kernels_compile.py`` and ``benchmarks/kernel_resources.py`` import
+it as ``tools.aot`` with the repository root on ``sys.path``.
+
+Every kernel module under ``kernels/`` (installed as ``vision_priors.kernels``) may expose
+``aot_specs() -> list[dict]``, one dict per configuration its runtime dispatcher can choose on a GPU::
 
     {'name': 'flash_fwd_goat_d64_fp16',      # unique over all modules
-     'fn': <triton.jit function>,
+     'fn': <triton.jit function, possibly under @triton.heuristics>,
      'signature': {'Q': '*fp16', 'N': 'i32', 'BLOCK_M': 'constexpr', ...},
      'constexprs': {'BLOCK_M': 128, ...},
      'num_warps': 4, 'num_stages': 3,
@@ -23,8 +27,11 @@ amount a launch requests; :data:`SHARED_LIMITS` holds the per-block maxima it mu
 Nothing is cached in the repository: compilations go to a per-process temporary Triton cache
 (removed at exit) unless ``cache_dir`` is given.
 
-    python -m vision_priors.kernels.aot                      # compile every spec for sm_80 and sm_90
+    python -m tools.aot                        # (repository root) compile every spec for sm_80 and sm_90
     python benchmarks/kernel_resources.py      # the same, as a table
+
+The kernel modules derive their signatures from the kernels' parameter lists
+(``vision_priors.kernels._backend.aot_signature``).
 """
 from __future__ import annotations
 
@@ -45,8 +52,17 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-KERNELS_DIR = Path(__file__).resolve().parent
 DEFAULT_CAPABILITIES = (80, 90)
+_KERNELS_PACKAGE = 'vision_priors.kernels'
+
+
+def kernels_dir() -> Path:
+    """The directory of the ``vision_priors.kernels`` package (the repository's ``kernels/`` folder in an
+    editable install). Looked up, not imported: importing the kernel modules is left to the workers."""
+    spec = importlib.util.find_spec(_KERNELS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise AotSpecError(f'cannot find the {_KERNELS_PACKAGE} package; install the project (pip install -e .)')
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 # Maximum shared memory per block (opt-in), bytes: 163 KiB on A100 (sm_80), 227 KiB on H100 / H200
 # (sm_90), 99 KiB on sm_86 / sm_89 / sm_120, 227 KiB on sm_100.
@@ -221,8 +237,12 @@ _JIT_OF: Dict[Any, Any] = {}
 
 
 def _as_jit(fn: Any) -> Any:
-    """The compiler form of a kernel: a module imported under ``TRITON_INTERPRET=1`` holds
-    ``InterpretedFunction`` objects, which ``triton.compile`` cannot take."""
+    """The compiler form of a kernel: the ``@triton.jit`` function under ``@triton.heuristics`` /
+    ``@triton.autotune`` wrappers (their values are the spec's constexprs), and for a module imported under
+    ``TRITON_INTERPRET=1``, which holds ``InterpretedFunction`` objects that ``triton.compile`` cannot take,
+    a compiler-form copy."""
+    while type(fn).__name__ in ('Heuristics', 'Autotuner'):
+        fn = fn.fn
     if hasattr(fn, 'params') or not hasattr(fn, 'fn') or not hasattr(fn, 'rewriter'):
         return fn
     from triton.runtime.interpreter import InterpretedFunction
@@ -422,8 +442,9 @@ def discover_specs(directory: Optional[Path] = None, errors: Optional[Dict[str, 
     """Specs of every kernel module (``*.py`` defining ``aot_specs``) in ``directory``.
 
     Args:
-        directory: where to look (default: this ``kernels`` package, imported as ``kernels.<name>``;
-            another directory's files are loaded by path). ``__init__.py`` and ``aot.py`` are skipped;
+        directory: where to look (default: the ``vision_priors.kernels`` package, imported as
+            ``vision_priors.kernels.<name>``; another directory's files are loaded by path).
+            ``__init__.py``, ``aot.py`` and private modules (``_*.py``) are skipped;
             a module that does not exist is simply not found, and one without ``aot_specs`` adds nothing.
         errors: if given, a module that fails to import, whose ``aot_specs()`` raises, or whose specs
             are malformed is recorded here (module name -> message) and skipped instead of raising.
@@ -435,7 +456,7 @@ def discover_specs(directory: Optional[Path] = None, errors: Optional[Dict[str, 
     Raises:
         AotSpecError: a module failed (when ``errors`` is None) or two specs share a name.
     """
-    directory = Path(directory).resolve() if directory is not None else KERNELS_DIR
+    directory = Path(directory).resolve() if directory is not None else kernels_dir()
     specs: List[Dict[str, Any]] = []
     seen: Dict[str, str] = {}
     for path in sorted(directory.glob('*.py')):
@@ -462,10 +483,10 @@ def discover_specs(directory: Optional[Path] = None, errors: Optional[Dict[str, 
 
 
 def _import(path: Path) -> Any:
-    """Import a kernel module: ``kernels.<stem>`` from this package, else by path under a unique name."""
+    """Import a kernel module: ``vision_priors.kernels.<stem>`` from that package, else by path under a unique name."""
     path = Path(path).resolve()
-    if path.parent == KERNELS_DIR:
-        return importlib.import_module(f'vision_priors.kernels.{path.stem}')
+    if path.parent == kernels_dir():
+        return importlib.import_module(f'{_KERNELS_PACKAGE}.{path.stem}')
     modname = f'_vp_aot_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}'
     loader_spec = importlib.util.spec_from_file_location(modname, path)
     module = importlib.util.module_from_spec(loader_spec)
@@ -614,7 +635,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     specs = discover_specs(errors=errors)
     bad = len(errors)
     for mod, msg in errors.items():
-        print(f'ERROR importing kernels.{mod}: {msg}')
+        print(f'ERROR importing {_KERNELS_PACKAGE}.{mod}: {msg}')
     for item in compile_all(specs, args.capability, jobs=args.jobs):
         if isinstance(item, Exception):
             bad += 1

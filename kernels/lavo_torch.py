@@ -1,0 +1,197 @@
+"""PyTorch backend of the LAVO ops, shared with ``vision_priors.layers.LavoAttention``: one implementation.
+
+The fastest exact PyTorch paths of the two LAVO branches (Zhang et al., arXiv:2312.11135), used by the ops
+``lavo_local`` / ``lavo_global`` for ``backend='torch'`` (and CPU tensors) and by the layer's own forward,
+so the layer and the ops cannot drift apart:
+
+* :func:`lavo_local_windows`: windowed softmax attention with the relative bias ``P[j - i + w - 1]``
+  (Secs. 3.2-3.3) in blocks of w tokens: queries of block c score the keys of blocks c-1, c (and c+1),
+  memory O(L w), no loop over time. The same scores restricted to block c give the context-dissection
+  aggregate (``mode='block'``).
+* :func:`code_memory` and :func:`code_read`: the CODE branch (Eqs. 3-4), the (running) mean
+  ``H_t = (1/n_t) sum_{s<=t} m_s B z_s`` by a cumulative sum and its read
+  ``softmax(scale (q B^T) * H) (H * .) B``, O(L r d) without materialising the slots.
+
+The dense O(L^2) references written from the equations are in ``lavo_ref.py`` (tests only). Every
+function here compiles with ``torch.jit.script`` (the layer is scriptable) and runs in the inputs' dtype
+(float64 included). Padding follows the one convention: ``key_mask`` (B, L) bool, True = valid key.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ['code_memory', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_torch',
+           'lavo_local_windows']
+
+
+def finfo_min(dtype: torch.dtype) -> float:
+    """``torch.finfo(dtype).min`` for floating dtypes, written so that TorchScript compiles it."""
+    if not torch.jit.is_scripting():
+        return torch.finfo(dtype).min
+    if dtype == torch.float64:
+        return -1.7976931348623157e+308
+    if dtype == torch.float16:
+        return -65504.0
+    if dtype == torch.bfloat16:
+        return -3.3895313892515355e+38
+    return -3.4028234663852886e+38  # float32
+
+
+def _dropout(p: Tensor, dropout_p: float) -> Tensor:
+    return F.dropout(p, dropout_p, True) if dropout_p > 0. else p
+
+
+# ------------------------------------------------------------------------------------------------
+# local window branch
+
+def _to_blocks(t: Tensor, pad: int, nb: int, w: int) -> Tensor:
+    """(B, H, L, d) -> (B, H, nb, w, d), zero-padded at the end."""
+    b, nh, _, d = t.shape
+    return F.pad(t, (0, 0, 0, pad)).reshape(b, nh, nb, w, d)
+
+
+def _gather_blocks(t: Tensor, dim: int, offsets: List[int], nb: int) -> Tensor:
+    """Concatenates blocks ``c + o`` (o in offsets, zero outside) of block dim ``dim`` along ``dim + 1``."""
+    if len(offsets) == 1:
+        return t
+    lo_off, hi_off = offsets[0], offsets[-1]
+    tp = F.pad(t, [0, 0] * (t.dim() - dim - 1) + [-lo_off, hi_off])
+    return torch.cat([tp.narrow(dim, o - lo_off, nb) for o in offsets], dim=dim + 1)
+
+
+def _attend_blocks(s: Tensor, values: Tensor, in_range: Tensor, valid: Tensor, masked: bool, length: int,
+                   dropout_p: float) -> Tensor:
+    """Softmax over the gathered keys of each block; (B, H, nb, w, K) scores -> (B, H, L, d)."""
+    b, nh, nb, w, d = values.shape[0], values.shape[1], s.shape[2], s.shape[3], values.shape[-1]
+    p = s.softmax(dim=-1)
+    if masked:  # rows without any valid key give 0, not a uniform average
+        p = p * (in_range[None, None] & valid[:, :, None, :]).any(-1, keepdim=True)[:, None]
+    p = _dropout(p, dropout_p)
+    return (p @ values).reshape(b, nh, nb * w, d)[:, :, :length]
+
+
+def lavo_local_windows(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float, window: int,
+                       causal: bool, key_mask: Optional[Tensor], sliding: bool, block: bool,
+                       dropout_p: float = 0.) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """LAVO's local branch and / or the context-dissection aggregate, blocked: O(L w) memory, exact.
+
+    Query i sees keys j with ``-(w-1) <= j - i <= 0`` (causal) or ``|j - i| <= w - 1`` (sliding), or the keys
+    of its own block of w tokens ``j // w == i // w`` (and ``j <= i`` if causal; block), with logit
+    ``scale q_i . k_j + P[j - i + w - 1]``. Invalid keys are dropped; a query without a valid key gets 0.
+
+    Args:
+        q, k, v: (B, heads, L, d).
+        rel_bias: P, (2w - 1,), or None.
+        scale: Logit scale.
+        window: w >= 1.
+        causal: Keys ``j <= i`` only.
+        key_mask: Optional (B, L) bool, True = valid key.
+        sliding: Compute the sliding-window output.
+        block: Compute the own-block output.
+        dropout_p: Dropout on the attention weights (the layer's ``attn_drop`` while training).
+
+    Returns:
+        (sliding-window output or None, own-block output or None), each (B, heads, L, d).
+    """
+    b, length = q.shape[0], q.shape[2]
+    w = window
+    nb = -(-length // w)
+    pad = nb * w - length
+    if sliding:
+        offsets = [-1, 0] if causal else [-1, 0, 1]
+    else:
+        offsets = [0]
+    own = offsets.index(0) * w  # column offset of block c among the gathered keys
+    qb, kb, vb = _to_blocks(q * scale, pad, nb, w), _to_blocks(k, pad, nb, w), _to_blocks(v, pad, nb, w)
+
+    neg = finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
+    a = torch.arange(w, device=q.device)
+    rel = torch.cat([o * w + a for o in offsets])[None, :] - a[:, None]  # (w, K): j - i
+    in_range = (rel >= -(w - 1)) & (rel <= (0 if causal else w - 1))
+    static = torch.zeros(in_range.shape, dtype=q.dtype, device=q.device)
+    if rel_bias is not None:
+        static = static + rel_bias[(rel + w - 1).clamp(0, rel_bias.numel() - 1)]
+    static = static.masked_fill(~in_range, neg)
+    valid = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
+    valid = _gather_blocks(F.pad(valid, (0, pad)).reshape(b, nb, w), 1, offsets, nb)  # (B, nb, K)
+    scores = qb @ _gather_blocks(kb, 2, offsets, nb).transpose(-1, -2) + static
+    scores = scores + torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, neg)[:, None, :, None, :]
+
+    masked = key_mask is not None
+    f_slide: Optional[Tensor] = None
+    f_block: Optional[Tensor] = None
+    if sliding:
+        f_slide = _attend_blocks(scores, _gather_blocks(vb, 2, offsets, nb), in_range, valid, masked, length,
+                                 dropout_p)
+    if block:
+        f_block = _attend_blocks(scores[..., own:own + w], vb, in_range[:, own:own + w], valid[:, :, own:own + w],
+                                 masked, length, dropout_p)
+    return f_slide, f_block
+
+
+def lavo_local_torch(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float, window: int,
+                     causal: bool = True, mode: str = 'sliding', key_mask: Optional[Tensor] = None) -> Tensor:
+    """The PyTorch backend of ``lavo_local`` (arguments as there, less ``backend``): :func:`lavo_local_windows`."""
+    f_slide, f_block = lavo_local_windows(q, k, v, rel_bias, scale, window, causal, key_mask, mode == 'sliding',
+                                          mode == 'block')
+    out = f_slide if mode == 'sliding' else f_block
+    assert out is not None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# CODE global branch
+
+def code_memory(z: Tensor, basis: Tensor, key_mask: Optional[Tensor], causal: bool) -> Tensor:
+    """CODE coefficients H (Eqs. 3-4): the mean of ``B z_s`` over the valid tokens.
+
+    Args:
+        z: Features to compress, (B, heads, L, d).
+        basis: B, (heads, r, d).
+        key_mask: Optional (B, L) bool, True = valid (left out of the mean and its count otherwise).
+        causal: Running mean ``H_t`` over ``s <= t`` ((B, heads, L, r)), else one mean ((B, heads, 1, r)).
+            A prefix (or a sequence) without a valid token has H = 0.
+    """
+    length = z.shape[2]
+    proj = z @ basis.transpose(-1, -2)  # B z_t, (B, heads, L, r)
+    m: Optional[Tensor] = None
+    if key_mask is not None:
+        m = key_mask[:, None, :, None].to(proj.dtype)
+        proj = proj * m
+    if causal:
+        if m is None:
+            cnt = torch.arange(1, length + 1, device=z.device, dtype=proj.dtype)[:, None]
+        else:
+            cnt = m.cumsum(dim=2).clamp(min=1)
+        return proj.cumsum(dim=2) / cnt
+    if m is None:
+        return proj.sum(dim=2, keepdim=True) / max(length, 1)
+    return proj.sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
+
+
+def code_slot_probs(q: Tensor, h: Tensor, basis: Tensor, scale: float) -> Tensor:
+    """Slot weights ``softmax(scale * q (diag(H) B)^T)`` of :func:`code_read`, (B, heads, L, r)."""
+    logits = (q @ basis.transpose(-1, -2)) * h * scale
+    return logits.softmax(dim=-1)
+
+
+def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, dropout_p: float = 0.) -> Tensor:
+    """Read the CODE slots ``diag(H) B`` with softmax attention (Eqs. 3, 4, 6): ``(p * H) B``, O(L r d).
+
+    Args:
+        q: Queries (B, heads, L, d).
+        h: H, (B, heads, L, r) (one memory per query) or (B, heads, 1, r) (shared).
+        basis: B, (heads, r, d).
+        scale: Logit scale.
+        dropout_p: Dropout on the slot weights.
+    """
+    p = _dropout(code_slot_probs(q, h, basis, scale), dropout_p)
+    return (p * h) @ basis
+
+
+def lavo_global_torch(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
+                      causal: bool = True) -> Tensor:
+    """The PyTorch backend of ``lavo_global`` (arguments as there, less ``backend``)."""
+    return code_read(q, code_memory(z, basis, key_mask, causal), basis, scale)
