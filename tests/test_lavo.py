@@ -19,13 +19,7 @@ GRAD_TOL = 1e-9
 DIM, HEADS, SLOTS, WIN = 16, 2, 4, 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny float64 tensors: intra-op threads only add sync cost (10x slower on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _make(seed: int = 0, **kw) -> LavoAttention:

@@ -15,12 +15,7 @@ from vision_priors.metrics import chamfer_l1, chamfer_l2, completion_metrics, f_
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _reference(pred, gt, th=0.01):

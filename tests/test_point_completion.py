@@ -21,12 +21,7 @@ TINY = dict(embed_dim=32, num_heads=2, encoder_depth=1, decoder_depth=1, num_pro
             fold_step=4, knn_k=8, geo_k=4, global_dim=64, fold_hidden=32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _sphere(g, b, n, radius, upper=False):
