@@ -1,0 +1,184 @@
+"""Decoder-only LM: exact attention against float64 references written from the papers' equations (forward and
+backward), causality, cached / stateful generation == full forward, ablation switches, length limits."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vision_priors.models.language_model import (ATTENTIONS, SoftmaxCausalAttention, create_language_model,
+                                                 rope_table)
+
+TOL = dict(atol=1e-10, rtol=1e-9)  # float64 throughout
+
+
+def randomize_positional(module: torch.nn.Module, seed: int = 0) -> None:
+    """Non-trivial positional parameters (GOAT alpha / beta / slopes / MLP, PoPE delta, LAVO bias)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.requires_grad and ('prior' in name or 'phases' in name or 'rel_bias' in name):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+
+
+def causal_softmax_attention(logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax over keys j <= i of explicit (B, H, N, N) logits, then the values."""
+    n = logits.shape[-1]
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float('-inf'))
+    return logits.softmax(-1) @ v
+
+
+def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
+    """(logits (B, H, N, N), values) of each attention type straight from its paper's equations."""
+    B, N, C = x.shape
+    H, dh = attn.num_heads, attn.head_dim
+    i = torch.arange(N, dtype=torch.float64)[:, None]  # query position
+    j = torch.arange(N, dtype=torch.float64)[None, :]  # key position
+    if attn.attn == 'goat':  # Eq. 11: q_c.k_c / sqrt(d_c) + sum_r alpha cos(w (i - j)) + beta sin(w (i - j)) + u_h(j)
+        layer, prior = attn.layer, attn.layer.prior
+        dc = layer.content_dim
+        q, k, v = layer.qkv(x).split([H * dc, H * dc, H * dh], dim=-1)
+        q, k = q.reshape(B, N, H, dc).transpose(1, 2), k.reshape(B, N, H, dc).transpose(1, 2)
+        v = v.reshape(B, N, H, dh).transpose(1, 2)
+        w = prior.freq_base ** (-torch.arange(prior.num_modes, dtype=torch.float64) / prior.num_modes)
+        d = (i - j)[None, :, :, None] * w  # (1, N, N, R)
+        rel = (prior.alpha[:, 0, None, None, :] * d.cos() + prior.beta[:, 0, None, None, :] * d.sin()).sum(-1)
+        nu = 100.0 ** (-torch.arange(4, dtype=torch.float64) / 4)  # phi_abs(j) (Eq. 21): 4 sinusoid pairs and j / 2048
+        phi = torch.cat([torch.sin(j.T * nu), torch.cos(j.T * nu), j.T / prior.abs_pos_scale], dim=-1)  # (N, 9)
+        u = (prior.key_mlp(phi).T + prior.key_slope[:, None] * j  # g_h(phi_abs(j)) + lambda_h j
+             + prior.first_key_bias[:, None] * (j == 0))  # + b_h 1{j = 0}     (Eqs. 21-22), (H, N)
+        return q @ k.transpose(-1, -2) / math.sqrt(dc) + rel + u[:, None, :], v
+    if attn.attn == 'pope':  # Eq. 6: sum_c f(q_tc) f(k_sc) cos((s - t) w_c + delta_c) / sqrt(d)
+        layer = attn.layer
+        q, k, v = layer.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        f = {'softplus': F.softplus, 'relu': F.relu, 'identity': lambda t: t}[attn.pope_magnitude]
+        w = 10000.0 ** (-torch.arange(dh, dtype=torch.float64) / dh)
+        delta = layer.phases.phase_bias  # (H, d)
+        angle = (j - i)[None, :, :, None] * w + delta[:, None, None, :]  # (H, N, N, d)
+        logits = (f(q)[:, :, :, None, :] * f(k)[:, :, None, :, :] * angle.cos()).sum(-1) / math.sqrt(dh)
+        return logits, v
+    q, k, v = attn.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(dh)
+    if attn.attn == 'rope':  # Re sum_c q_c e^{i t w_c} conj(k_c e^{i s w_c}), pairs (2c, 2c + 1) as complex numbers
+        w = attn.rope_theta ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+        qc = torch.complex(q[..., 0::2], q[..., 1::2]) * torch.polar(torch.ones_like(w), i * w)
+        kc = torch.complex(k[..., 0::2], k[..., 1::2]) * torch.polar(torch.ones_like(w), i * w)
+        logits = (qc @ kc.conj().transpose(-1, -2)).real / math.sqrt(dh)
+    if attn.attn == 'alibi':  # - m_h (i - j), m_h = 2^(-8 (h + 1) / H)
+        m = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], dtype=torch.float64)
+        logits = logits - m[:, None, None] * (i - j)
+    return logits, v
+
+
+CASES = [('goat', {}), ('goat', dict(goat_relative='symmetric')), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
+         ('pope', dict(pope_magnitude='identity', pope_learn_delta=False)), ('rope', {}), ('alibi', {}), ('nope', {})]
+
+
+@pytest.mark.parametrize('attn,options', CASES)
+def test_softmax_attention_matches_paper_equations_forward_and_backward(attn, options, one_thread):
+    torch.manual_seed(1)
+    layer = SoftmaxCausalAttention(attn, dim=30, num_heads=3, goat_modes=2, **options).double()  # d_h = 10, odd N
+    randomize_positional(layer)
+    x = torch.randn(2, 11, 30, dtype=torch.float64, requires_grad=True)
+    fast_out = layer(x)[0]
+    logits, v = reference_logits(layer, x)
+    out = causal_softmax_attention(logits, v)
+    proj = layer.layer.proj if hasattr(layer, 'layer') else layer.proj
+    ref_out = proj(out.transpose(1, 2).reshape(2, 11, 30))
+    torch.testing.assert_close(fast_out, ref_out, **TOL)
+    grad = torch.randn_like(ref_out)
+    params = [x] + [p for p in layer.parameters() if p.requires_grad]
+    fast_grads = torch.autograd.grad(fast_out, params, grad)
+    ref_grads = torch.autograd.grad(ref_out, params, grad)
+    for a, b in zip(fast_grads, ref_grads):
+        torch.testing.assert_close(a, b, **TOL)
+    # the cached path (one token at a time after a prefix) gives the same outputs
+    with torch.no_grad():
+        head, past = layer(x[:, :4], use_cache=True)
+        tail = [layer(x[:, t:t + 1], past, use_cache=True) for t in range(4, 5)]
+        _, past = tail[0]
+        rest, _ = layer(x[:, 5:], past, use_cache=True)
+        torch.testing.assert_close(torch.cat([head, tail[0][0], rest], 1), ref_out, **TOL)
+
+
+def tiny_model(attn: str, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = create_language_model(attn, dim=24, depth=2, num_heads=2, goat_modes=2, lavo_window=4, lavo_slots=6,
+                                  **overrides).double().eval()
+    randomize_positional(model)
+    return model
+
+
+@pytest.mark.parametrize('attn', ATTENTIONS)
+def test_causality_and_generation_equal_full_forward(attn, one_thread):
+    model = tiny_model(attn)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (2, 13), generator=gen)
+    with torch.no_grad():
+        full = model(tokens)
+        changed = tokens.clone()
+        changed[:, 8:] = torch.randint(0, 256, (2, 5), generator=gen)
+        assert torch.equal(model(changed)[:, :8], full[:, :8])  # a later token never changes an earlier logit
+        assert not torch.allclose(model(changed)[:, 8:], full[:, 8:])
+    for kwargs in (dict(temperature=0.0), dict(temperature=1.3, top_k=20, generator=torch.Generator().manual_seed(3))):
+        out, logits = model.generate(tokens[:, :5], 9, return_logits=True, **kwargs)
+        assert out.shape == (2, 14) and torch.equal(out[:, :5], tokens[:, :5])
+        with torch.no_grad():
+            reference = model(out)[:, 4:-1]  # the logits each new token was chosen from, by one full pass
+        torch.testing.assert_close(logits, reference, **TOL)
+        if kwargs['temperature'] == 0:
+            assert torch.equal(out[:, 5:], reference.argmax(-1))
+    if attn == 'lavo':  # O(1) decoding state: the same size after 5 and after 13 tokens
+        _, short = model(tokens[:, :5], use_cache=True)
+        _, long = model(tokens, use_cache=True)
+        assert sum(s.numel() for s in short) == sum(s.numel() for s in long)
+
+
+def test_goat_ablations_are_exact(one_thread):
+    x = torch.randint(0, 256, (1, 9))
+    for relative, frozen in (('symmetric', {'beta'}), ('none', {'alpha', 'beta'}), ('full', set())):
+        model = create_language_model('goat', dim=32, depth=1, num_heads=2, goat_modes=3, goat_relative=relative)
+        prior = model.blocks[0].attn.layer.prior
+        assert prior.num_modes == 3 and prior.key_slope is not None  # R and the key-linear recency term (default)
+        model(x).sum().backward()
+        for name in ('alpha', 'beta'):
+            p = getattr(prior, name)
+            assert (name in frozen) == (not p.requires_grad)
+            if name in frozen:
+                assert p.grad is None and torch.count_nonzero(p) == 0
+    assert create_language_model('goat', goat_key_linear=False).blocks[0].attn.layer.prior.key_slope is None
+    with pytest.raises(ValueError, match='goat_relative must be one of'):
+        create_language_model('goat', goat_relative='half')
+
+
+def test_pope_and_lavo_ablation_switches():
+    model = create_language_model('pope', pope_learn_delta=False, pope_magnitude='relu')
+    phases = model.blocks[0].attn.layer.phases
+    assert 'phase_bias_raw' not in dict(phases.named_parameters()) and model.blocks[0].attn.pope_magnitude == 'relu'
+    assert not model.blocks[0].attn.uses_layer_forward  # relu magnitudes never take the softplus-only fast path
+    with pytest.raises(ValueError, match='pope_magnitude must be one of'):
+        create_language_model('pope', pope_magnitude='tanh')
+    lavo = create_language_model('lavo', lavo_epe=False, lavo_context_dissection=False).blocks[0].attn.layer
+    assert lavo.rel_bias is None and not lavo.context_dissection
+
+
+def test_rope_table_and_errors():
+    table = rope_table(torch.arange(3), 4, theta=100.0)
+    assert table.shape == (3, 8) and torch.allclose(table[:, 4:6], torch.cos(torch.arange(3.))[:, None].expand(3, 2))
+    with pytest.raises(ValueError, match="attn must be one of|unknown attention"):
+        create_language_model('flash')
+    model = create_language_model('nope', dim=16, depth=1, num_heads=2, max_length=8)
+    with pytest.raises(ValueError, match='max_length=8; this call reaches position 9'):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match='tokens must be'):
+        model(torch.zeros(3, dtype=torch.long))
+    unlimited = create_language_model('goat', dim=32, depth=1, num_heads=2, goat_modes=2)
+    assert unlimited.max_length is None and unlimited(torch.zeros(1, 600, dtype=torch.long)).shape == (1, 600, 256)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = create_language_model('rope', dim=16, depth=1, num_heads=2, tie_embeddings=True)
+    assert model.head is None and 'head.weight' not in model.state_dict()
+    logits = model(torch.tensor([[1, 2]]))
+    hidden = model.norm(model.blocks[0](model.embed(torch.tensor([[1, 2]])))[0])
+    torch.testing.assert_close(logits, hidden @ model.embed.weight.T)
