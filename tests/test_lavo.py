@@ -560,3 +560,81 @@ def test_num_spatial_dims_keeps_only_the_used_bias_table():
         layer1d(torch.randn(1, 12, 32), grid_size=(3, 4))
     with pytest.raises(ValueError, match='num_spatial_dims'):
         _Lavo(32, 2, num_slots=8, window=4, causal=True, num_spatial_dims=2)
+
+
+# ----- blocked 2D local window (issue 16) against the unfold path it replaced and a dense reference -----
+
+def _dense_window_2d(q, k, v, valid, gh, gw, w2, bias, scale):
+    """Dense (N x N) 2D window straight from Secs. 3.2-3.3: logits ``scale q_i . k_j + P[dy, dx]`` for
+    ``|dy|, |dx| <= w2 - 1``, invalid keys excluded, a query without a valid key gives 0."""
+    n = gh * gw
+    r, c = torch.arange(n) // gw, torch.arange(n) % gw
+    dy, dx = r[None, :] - r[:, None], c[None, :] - c[:, None]
+    allowed = (dy.abs() <= w2 - 1) & (dx.abs() <= w2 - 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias[((dy + w2 - 1) * (2 * w2 - 1) + dx + w2 - 1).clamp(0, (2 * w2 - 1) ** 2 - 1)]
+    allowed = allowed[None, None] & (True if valid is None else valid[:, None, None, :])
+    p = s.masked_fill(~allowed, float('-inf')).softmax(-1).nan_to_num(0.)
+    return p @ v
+
+
+def _unfold_window_2d(q, k, v, valid, gh, gw, w2, bias, scale):
+    """The layer's 2D window before issue 16: ``F.unfold`` copies of every ``(2 w2 - 1)^2`` neighbourhood."""
+    import torch.nn.functional as F
+    b, nh, n, d = q.shape
+    kw = 2 * w2 - 1
+
+    def unfold(t):
+        img = t.reshape(t.shape[0] * t.shape[1], gh, gw, t.shape[-1]).permute(0, 3, 1, 2)
+        u = F.unfold(img, kernel_size=kw, padding=w2 - 1)
+        return u.reshape(t.shape[0], t.shape[1], t.shape[-1], kw * kw, n).permute(0, 1, 4, 3, 2)
+
+    pvalid = torch.ones(b, n, dtype=torch.bool) if valid is None else valid
+    nvalid = unfold(pvalid[:, None, :, None].expand(b, nh, n, 1).to(q.dtype))[..., 0] > 0.5
+    s = (q.unsqueeze(-2) @ unfold(k).transpose(-1, -2)).squeeze(-2) * scale
+    if bias is not None:
+        s = s + bias
+    s = s.masked_fill(~nvalid, torch.finfo(s.dtype).min)
+    p = s.softmax(-1) * nvalid.any(-1, keepdim=True)
+    return (p.unsqueeze(-2) @ unfold(v)).squeeze(-2)
+
+
+@pytest.mark.parametrize('gh,gw,w2,tile', [(5, 7, 2, 0), (5, 7, 3, 2), (7, 3, 2, 3), (1, 6, 3, 0), (4, 5, 2, 9),
+                                           (9, 5, 4, 1)])
+@pytest.mark.parametrize('masked', [False, True])
+def test_blocked_window_2d_matches_unfold_and_dense(gh, gw, w2, tile, masked):
+    """Forward and backward (q, k, v, P) in float64 on odd grids, tiles that do and do not divide the grid."""
+    from vision_priors.layers.lavo import local_window_2d
+    torch.manual_seed(gh * 10 + gw)
+    b, nh, d, n = 2, 2, 5, gh * gw
+    q, k, v = (torch.randn(b, nh, n, d, dtype=DT, requires_grad=True) for _ in range(3))
+    bias = torch.randn((2 * w2 - 1) ** 2, dtype=DT, requires_grad=True)
+    valid = None
+    if masked:
+        valid = torch.rand(b, n) > 0.3
+        valid[1, :] = False
+        valid[1, n - 1] = True  # sample 1: one valid key, so queries far from it have an empty window
+    g = torch.randn(b, nh, n, d, dtype=DT)
+    results = []
+    for fn in (lambda *a: local_window_2d(*a, tile=tile), _unfold_window_2d, _dense_window_2d):
+        y = fn(q, k, v, valid, gh, gw, w2, bias, 0.37)
+        grads = torch.autograd.grad((y * g).sum(), (q, k, v, bias))
+        results.append((y, grads))
+    (y, grads), (y_unfold, g_unfold), (y_dense, g_dense) = results
+    for y_ref, g_ref in ((y_unfold, g_unfold), (y_dense, g_dense)):
+        torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=0)
+        for a, r in zip(grads, g_ref):
+            torch.testing.assert_close(a, r, atol=1e-11, rtol=0)
+    assert y.abs().max() > 1e-2 and grads[3].abs().max() > 1e-3  # non-trivial values were compared
+    if masked:  # empty windows give exactly 0
+        assert bool((y_dense[1].abs().sum(-1) == 0).any()) and torch.equal(y[y_dense == 0], y_dense[y_dense == 0])
+
+
+def test_window_tile_size_is_in_range():
+    from vision_priors.layers.lavo import window_tile_size
+    for grid, w2 in (((14, 14), 4), ((48, 48), 4), ((1, 1), 1), ((3, 100), 2)):
+        assert w2 <= window_tile_size(*grid, w2) <= 3 * w2
+    assert window_tile_size(14, 14, 4) == 7  # 2 x 2 tiles of 7 x 7, halo 3: 169 keys per tile, no padding
+    import vision_priors.layers.lavo as lavo_mod
+    assert not hasattr(lavo_mod, '_unfold_2d')  # the k x k neighbourhood copies are gone

@@ -33,7 +33,8 @@ Choices where the paper is silent (all configurable):
     * Padding: ``key_mask`` (B, L) bool, True = valid key (the package's one convention) removes tokens
       from local windows and from the mean H (the count is over valid tokens); a query with no valid key in
       a window gets 0 from that window.
-    * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head.
+    * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head. The 2D window runs
+      in query tiles that each score their tile plus a halo of ``w2 - 1`` patches (:func:`local_window_2d`).
 
 TorchScript: ``LavoAttention.forward`` (causal or not; ``grid_size`` as a list of two ints) and
 ``LavoCrossAttention.forward`` compile with ``torch.jit.script`` for the 'fixed' and 'penalty' bases
@@ -144,13 +145,88 @@ def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
     return t.reshape(b0, b1, nh_t * nw_t, w2 * w2, c)
 
 
-def _unfold_2d(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
-    """(B, H, gh * gw, c) -> (B, H, N, kw * kw, c): each patch's ``kw x kw`` neighbourhood, kw = 2 w2 - 1."""
-    b, nh, _, c = t.shape
+def _halo_tiles(t: Tensor, gh: int, gw: int, tile: int, halo: int) -> Tensor:
+    """(B, H, gh * gw, c) row-major patches -> (B, H, T, (tile + 2 halo)^2, c): for each ``tile x tile``
+    query tile (the layout of :func:`_tiles`), the patches within ``halo`` rows / columns of it, zero
+    outside the grid. Each patch is copied ``(1 + 2 halo / tile)^2`` times, not ``(2 halo + 1)^2``."""
+    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
+    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
+    span = tile + 2 * halo
+    t = F.pad(t.reshape(b0, b1, gh, gw, c), (0, 0, halo, nw_t * tile - gw + halo, halo, nh_t * tile - gh + halo))
+    t = t.unfold(2, span, tile).unfold(3, span, tile)  # (B, H, nh_t, nw_t, c, span, span), a strided view
+    return t.permute(0, 1, 2, 3, 5, 6, 4).reshape(b0, b1, nh_t * nw_t, span * span, c)
+
+
+def window_tile_size(gh: int, gw: int, w2: int) -> int:
+    """Query tile side of :func:`local_window_2d`, from ``w2`` to ``3 w2``: the fewest scored (query, key)
+    pairs, ``padded queries * (tile + 2 (w2 - 1))^2``, weighted by ``1 + 2 (w2 / tile)^2`` for the per-tile cost
+    of small matmuls and halo copies (a fit to CPU timings of 14 x 14, 24 x 24 and 48 x 48 grids, w2 = 4)."""
+    span_extra = 2 * (w2 - 1)
+    best, best_cost = w2, -1.
+    for tile in range(w2, 3 * w2 + 1):
+        padded = (-(-gh // tile) * tile) * (-(-gw // tile) * tile)
+        cost = padded * (tile + span_extra) ** 2 * (1. + 2. * (w2 / tile) ** 2)
+        if best_cost < 0 or cost < best_cost:
+            best, best_cost = tile, cost
+    return best
+
+
+def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
+                    rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0., tile: int = 0) -> Tensor:
+    """2D local window of LAVO (Secs. 3.2-3.3): patch i attends to the patches j with ``|dy|, |dx| <= w2 - 1``,
+    logit ``scale q_i . k_j + P[(dy + w2 - 1) (2 w2 - 1) + dx + w2 - 1]``; invalid keys are left out and a
+    query without a valid key gets 0.
+
+    Blocked: queries in ``tile x tile`` tiles score the keys of their tile plus a halo of ``w2 - 1``
+    patches (one matmul per tile), so no ``(2 w2 - 1)^2`` copies of the keys and values are made.
+
+    Args:
+        q, k, v: (B, H, gh * gw, d) row-major patches.
+        valid: (B, gh * gw) bool, True = valid key, or None.
+        gh, gw: Grid rows and columns.
+        w2: Window half-width plus one (neighbourhood ``(2 w2 - 1)^2``).
+        rel_bias: P, ((2 w2 - 1)^2,), or None.
+        scale: Logit scale.
+        dropout_p: Dropout on the attention weights (the layer's ``attn_drop`` while training).
+        tile: Query tile side; 0 picks :func:`window_tile_size`.
+
+    Returns:
+        (B, H, gh * gw, d).
+    """
+    b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
+    halo = w2 - 1
     kw = 2 * w2 - 1
-    img = t.reshape(b * nh, gh, gw, c).permute(0, 3, 1, 2)
-    u = F.unfold(img, kernel_size=kw, padding=w2 - 1)  # (B*H, c*kw*kw, N)
-    return u.reshape(b, nh, c, kw * kw, gh * gw).permute(0, 1, 4, 3, 2)
+    tile = window_tile_size(gh, gw, w2) if tile < 1 else tile
+    span = tile + 2 * halo
+    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
+    # static (tile^2, span^2) part: in-window mask and bias; key (ky, kx) of the span sits at offset
+    # (ky - halo - qy, kx - halo - qx) from query (qy, qx) of the tile
+    a_q = torch.arange(tile, device=q.device)
+    a_k = torch.arange(span, device=q.device)
+    qy, qx = a_q[:, None].expand(tile, tile).reshape(-1), a_q[None, :].expand(tile, tile).reshape(-1)
+    ky, kx = a_k[:, None].expand(span, span).reshape(-1), a_k[None, :].expand(span, span).reshape(-1)
+    dy, dx = ky[None, :] - halo - qy[:, None], kx[None, :] - halo - qx[:, None]
+    in_window = (dy.abs() <= halo) & (dx.abs() <= halo)
+    neg = finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
+    static = torch.zeros(in_window.shape, dtype=q.dtype, device=q.device)
+    if rel_bias is not None:
+        static = static + rel_bias[((dy + halo) * kw + dx + halo).clamp(0, kw * kw - 1)]
+    static = static.masked_fill(~in_window, neg)
+    # keys outside the grid (halo padding) or masked out
+    key_ok = torch.ones(1, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
+    key_ok = _halo_tiles(key_ok[:, None, :, None].to(q.dtype), gh, gw, tile, halo)[:, 0, :, :, 0] > 0.5
+    key_bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill(~key_ok, neg)
+
+    tq = _tiles(q * scale, gh, gw, tile)  # (B, H, T, tile^2, d)
+    s = tq @ _halo_tiles(k, gh, gw, tile, halo).transpose(-1, -2) + static + key_bias[:, None, :, None, :]
+    p = s.softmax(dim=-1)
+    if valid is not None:  # queries without any valid key get 0, not a uniform average
+        p = p * (in_window[None, None] & key_ok[:, :, None, :]).any(dim=-1, keepdim=True)[:, None]
+    if dropout_p > 0.:
+        p = F.dropout(p, dropout_p, True)
+    o = p @ _halo_tiles(v, gh, gw, tile, halo)  # (B, H, T, tile^2, d)
+    o = o.reshape(b, nh, nh_t, nw_t, tile, tile, d).transpose(3, 4).reshape(b, nh, nh_t * tile, nw_t * tile, d)
+    return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
 
 
 @dataclass
@@ -344,14 +420,8 @@ class LavoAttention(nn.Module):
             o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
             outs.append(o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d))
         else:
-            nk, nv = _unfold_2d(pk, gh, gw, w2), _unfold_2d(pvv, gh, gw, w2)
-            nvalid = pvalid[:, None, :, None].expand(b, nh, gh * gw, 1).to(q.dtype)
-            nvalid = _unfold_2d(nvalid, gh, gw, w2)[..., 0] > 0.5
-            s = (pq.unsqueeze(-2) @ nk.transpose(-1, -2)).squeeze(-2) * self.scale  # (B, H, N, kw*kw)
-            if bias is not None:
-                s = s + bias
-            p = self.attn_drop(_masked_softmax(s, nvalid))
-            outs.append((p.unsqueeze(-2) @ nv).squeeze(-2))
+            outs.append(local_window_2d(pq, pk, pvv, None if valid is None else pvalid, gh, gw, w2, bias,
+                                        self.scale, self._drop_p()))
         return torch.cat(outs, dim=2)
 
     def _branches(
