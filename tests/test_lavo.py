@@ -638,3 +638,31 @@ def test_window_tile_size_is_in_range():
     assert window_tile_size(14, 14, 4) == 7  # 2 x 2 tiles of 7 x 7, halo 3: 169 keys per tile, no padding
     import vision_priors.layers.lavo as lavo_mod
     assert not hasattr(lavo_mod, '_unfold_2d')  # the k x k neighbourhood copies are gone
+
+
+def test_dense_window_path_matches_reference_with_prefix_tokens():
+    """Small grids run the window as one masked (L x L) attention (prefix tokens included): float64 fwd + bwd."""
+    from vision_priors.layers.lavo import dense_window_is_cheaper
+    assert dense_window_is_cheaper(5, 3, 2) and dense_window_is_cheaper(14, 14, 4)
+    assert not dense_window_is_cheaper(48, 48, 4) and not dense_window_is_cheaper(24, 24, 4)
+    m = _make(causal=False, window=3, window_2d=2)
+    gh, gw, n_pre = 5, 3, 2
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, HEADS, n_pre + gh * gw, DIM // HEADS, dtype=DT, requires_grad=True) for _ in range(3))
+    g = torch.randn(2, HEADS, n_pre + gh * gw, DIM // HEADS, dtype=DT)
+    params = (q, k, v, m.rel_bias_2d)
+
+    def reference(q, k, v):
+        pre = ((q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * m.scale).softmax(-1) @ v[:, :, :n_pre]
+        patches = _dense_window_2d(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], None, gh, gw, 2,
+                                   m.rel_bias_2d, m.scale)
+        return torch.cat([pre, patches], dim=2)
+
+    y = m._local_2d(q, k, v, None, (gh, gw), n_pre, False)
+    y_ref = reference(q, k, v)
+    grads = torch.autograd.grad((y * g).sum(), params)
+    grads_ref = torch.autograd.grad((y_ref * g).sum(), params)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=0)
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, atol=1e-11, rtol=0)
+    assert grads[3].abs().max() > 1e-3

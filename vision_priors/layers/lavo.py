@@ -171,6 +171,39 @@ def window_tile_size(gh: int, gw: int, w2: int) -> int:
     return best
 
 
+def dense_window_is_cheaper(gh: int, gw: int, w2: int) -> bool:
+    """Whether one (N x N) masked attention over the whole grid scores fewer (weighted) pairs than the query
+    tiles of :func:`window_tile_size` (small grids, e.g. 14 x 14 with w2 = 4: 38,416 against 54,756)."""
+    tile = window_tile_size(gh, gw, w2)
+    padded = (-(-gh // tile) * tile) * (-(-gw // tile) * tile)
+    tiled = padded * (tile + 2 * (w2 - 1)) ** 2 * (1. + 2. * (w2 / tile) ** 2)
+    return float((gh * gw) ** 2) <= tiled
+
+
+def dense_window_mask(gh: int, gw: int, w2: int, num_prefix_tokens: int, rel_bias: Optional[Tensor],
+                      dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(L, L) additive mask of the 2D local window over ``num_prefix_tokens`` prefix tokens + a row-major grid:
+    ``P[(dy + w2 - 1) (2 w2 - 1) + dx + w2 - 1]`` (0 without P) where ``|dy|, |dx| <= w2 - 1``, 0 among the
+    prefix tokens, ``-inf`` elsewhere (prefix tokens and patches do not see each other locally)."""
+    n_pre, n = num_prefix_tokens, gh * gw
+    kw = 2 * w2 - 1
+    a = torch.arange(n, device=device)
+    dy = torch.div(a, gw, rounding_mode='floor')
+    dx = a - dy * gw
+    dy, dx = dy[None, :] - dy[:, None], dx[None, :] - dx[:, None]
+    in_window = (dy.abs() <= w2 - 1) & (dx.abs() <= w2 - 1)
+    patches = torch.zeros(in_window.shape, dtype=dtype, device=device)
+    if rel_bias is not None:
+        patches = patches + rel_bias[((dy + w2 - 1) * kw + dx + w2 - 1).clamp(0, kw * kw - 1)]
+    patches = patches.masked_fill(~in_window, float('-inf'))
+    if n_pre == 0:
+        return patches
+    prefix = torch.zeros(n_pre, n_pre, dtype=dtype, device=device)
+    top = torch.cat([prefix, torch.full((n_pre, n), float('-inf'), dtype=dtype, device=device)], dim=1)
+    bottom = torch.cat([torch.full((n, n_pre), float('-inf'), dtype=dtype, device=device), patches], dim=1)
+    return torch.cat([top, bottom], dim=0)
+
+
 def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
                     rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0., tile: int = 0) -> Tensor:
     """2D local window of LAVO (Secs. 3.2-3.3): patch i attends to the patches j with ``|dy|, |dx| <= w2 - 1``,
@@ -391,6 +424,10 @@ class LavoAttention(nn.Module):
         w2 = self.window_2d
         kw = 2 * w2 - 1
         bias = self.rel_bias_2d if self.use_epe else None
+        if not block and valid is None and dense_window_is_cheaper(gh, gw, w2):
+            # small grid: one fused (L x L) masked attention, prefix tokens included (same result)
+            mask = dense_window_mask(gh, gw, w2, n_pre, bias, q.dtype, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self._drop_p(), scale=self.scale)
         outs: List[Tensor] = []
         if n_pre > 0:
             s = (q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * self.scale
