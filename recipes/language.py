@@ -1,0 +1,572 @@
+"""The 1D language path: byte-level causal LMs with GOAT, PoPE, LAVO, RoPE, ALiBi or no positions.
+
+Papers: GOAT (000) perplexity under length extrapolation and passkey retrieval (Fig. 2-3, Table 1), PoPE (004)
+indirect indexing (Sec. 4, App. B.1), LAVO (002) causal LM with an O(1) decoding state (Table 2).
+
+Commands (``vision-priors lm COMMAND --help`` explains every option):
+
+  train     train LMs, one per --methods x --seeds, one budget (accelerate, verified checkpoints, exact
+            --resume, validation loss every --eval-every updates with the best weights in RUN/best).
+  ppl       perplexity of trained runs at 1x, 2x, 4x, 8x the training length, full context (each window is
+            one forward pass, no sliding), mean over every predicted byte; table, JSON, plot.
+  passkey   fine-tune each run briefly on passkey prompts at the training length (answer digits only), then
+            test at 1x..8x and several depths: digit accuracy and exact match; table, JSON, heatmap PNG.
+  index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items.
+  compare   all of the above for all methods in one command: one results.json and the plots.
+
+Data (``vision_priors.recipes.data.text``): bytes of ``--text`` files / folders / webdataset ``.tar`` shards,
+or by default the English prose of CPython's ``pydoc_data.topics`` (``--with-stdlib`` adds the standard
+library's sources); blocks of ``--block-bytes`` split into train / validation by a seeded choice.
+
+The README's CPU result (training length 128; see there for the measured wall time):
+
+  vision-priors lm compare --seeds 0 1 --updates 300 --passkey-updates 100 --index-updates 200 \\
+      --threads 2 --out outputs/lm/compare
+
+GPU scale, e.g. a larger model on the stdlib corpus:
+
+  vision-priors lm compare --with-stdlib --train-length 512 --model-overrides '{"dim": 512, "depth": 8, \\
+      "num_heads": 8}' --batch-size 32 --updates 20000 --eval-every 1000 --out runs/lm
+"""
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from timm.optim import create_optimizer_v2
+
+from vision_priors.models.language_model import ATTENTIONS, create_language_model
+
+from . import cli
+from .data.text import (INDEX_LENGTH, IndexTask, PasskeyTask, TrainWindows, builtin_corpus, eval_windows,
+                        read_corpus, split_corpus)
+from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
+from .logs import JsonlLogger
+from .plotting import figure, save_figure
+from .report import format_cell, markdown_table, mean_std, write_results
+from .runs import RunFolder, holds_run, load_finished_run, resume_flag, run_settings, sweep_folders
+
+CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16)
+# flags that never change what a run trains (evaluation settings, later stages' budgets)
+EVAL_ONLY_FLAGS = ('multiples', 'eval_windows', 'depths', 'passkey_samples', 'index_test', 'passkey_updates',
+                   'passkey_lr', 'index_updates', 'index_lr', 'index_train_items', 'eval_batch_size')
+PASSKEY_EVAL_SEED = 10_000  # held-out prompts: a different seed stream from the fine-tuning items
+INDEX_TEST_SEED = 20_000
+
+
+# ------------------------------------------------------------------------------------- arguments
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group('data')
+    g.add_argument('--text', nargs='+', default=None,
+                   help='text files, folders or webdataset .tar shards; default: pydoc_data.topics prose')
+    g.add_argument('--with-stdlib', action='store_true', help='built-in corpus: add the stdlib .py sources')
+    g.add_argument('--block-bytes', type=cli.positive_int, default=16384, help='split unit (bytes)')
+    g.add_argument('--val-fraction', type=cli.open_fraction, default=0.1, help='share of blocks for validation')
+    g.add_argument('--split-seed', type=cli.nonnegative_int, default=0, help='seed of the block choice')
+    g.add_argument('--train-length', type=cli.positive_int, default=128, help='training context (bytes)')
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group('model')
+    g.add_argument('--model-overrides', default='{}',
+                   help=f'JSON dict of LanguageModel options over the CPU model {json.dumps(CPU_MODEL)}, e.g. '
+                        '\'{"goat_relative": "none"}\'')
+
+
+def add_eval_args(p: argparse.ArgumentParser, what: Sequence[str]) -> None:
+    g = p.add_argument_group('evaluation')
+    g.add_argument('--eval-batch-size', type=cli.positive_int, default=8, help='windows per evaluation forward')
+    if 'ppl' in what or 'passkey' in what:
+        g.add_argument('--multiples', type=cli.positive_int, nargs='+', default=[1, 2, 4, 8],
+                       help='evaluation lengths as multiples of the training length')
+    if 'ppl' in what:
+        g.add_argument('--eval-windows', type=cli.positive_int, default=16, help='validation windows per length')
+    if 'passkey' in what:
+        g.add_argument('--passkey-updates', type=cli.positive_int, default=100, help='passkey fine-tuning updates')
+        g.add_argument('--passkey-lr', type=cli.positive_float, default=1e-3, help='passkey fine-tuning peak lr')
+        g.add_argument('--depths', type=cli.probability, nargs='+', default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                       help='relative depths of the key in the filler')
+        g.add_argument('--passkey-samples', type=cli.positive_int, default=16, help='test prompts per length x depth')
+    if 'index' in what:
+        g.add_argument('--index-updates', type=cli.positive_int, default=200, help='indirect-indexing training updates')
+        g.add_argument('--index-lr', type=cli.positive_float, default=2e-3, help='indirect-indexing peak lr')
+        g.add_argument('--index-test', type=cli.positive_int, default=512, help='held-out indirect-indexing items')
+
+
+def add_training_args(p: argparse.ArgumentParser, out: str) -> None:
+    p.add_argument('--methods', nargs='+', choices=ATTENTIONS, default=list(ATTENTIONS), help='attention types')
+    add_data_args(p)
+    add_model_args(p)
+    cli.add_optim_flags(p, lr=3e-3, epochs=1, warmup_frac=0.05, weight_decay=0.05, clip_grad=1.0)
+    cli.add_device_flags(p, batch_size=8)
+    cli.add_run_flags(p, out=out, sweep=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, add_command = cli.command_parser('vision-priors lm', __doc__)
+    p = add_command('train', 'train language models (--methods x --seeds)')
+    add_training_args(p, 'outputs/lm/train')
+    add_eval_args(p, ())
+    p.set_defaults(methods=['goat'], updates=300)
+    for name, what, help in (('ppl', ('ppl',), 'perplexity at 1x..8x the training length'),
+                             ('passkey', ('passkey',), 'passkey fine-tuning and retrieval at 1x..8x')):
+        p = add_command(name, help)
+        p.add_argument('runs', nargs='+', help='trained run folders (or their best/ / checkpoint folders)')
+        add_eval_args(p, what)
+        cli.add_device_flags(p, batch_size=8)
+        p.add_argument('--out', default=f'outputs/lm/{name}', help='folder for results.json and the plot')
+        if name == 'passkey':
+            p.add_argument('--resume', action='store_true', help='continue the fine-tuning runs in OUT/<method>/seed<k>')
+            p.add_argument('--checkpoint-every', type=cli.nonnegative_int, default=0,
+                           help='checkpoint the fine-tuning every N updates; 0 = only at the end')
+    p = add_command('index', 'indirect indexing: train and test a fresh model per method and seed')
+    add_training_args(p, 'outputs/lm/index')
+    add_eval_args(p, ('index',))
+    p = add_command('compare', 'train, ppl, passkey and index for every method over seeds')
+    add_training_args(p, 'outputs/lm/compare')
+    add_eval_args(p, ('ppl', 'passkey', 'index'))
+    p.set_defaults(updates=300)
+    return parser
+
+
+def model_overrides(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f'--model-overrides {text!r} is not a JSON dict: {e}') from e
+    if not isinstance(value, dict):
+        raise ValueError(f'--model-overrides {text!r} is not a JSON dict')
+    return value
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Recipe-specific checks, before any folder is touched (lengths that cannot work fail here)."""
+    if hasattr(args, 'model_overrides'):
+        overrides = model_overrides(args.model_overrides)
+        if 'attn' in overrides:
+            raise ValueError('--model-overrides may not set "attn": use --methods')
+        for attn in args.methods:  # every model must build (unknown options, GOAT modes vs head dim, ...)
+            try:
+                create_language_model(attn, **dict(CPU_MODEL, **overrides))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f'--model-overrides {args.model_overrides} cannot build the {attn} model: {e}') from e
+    if getattr(args, 'methods', None):
+        cli.check_unique('--methods', args.methods)
+    if getattr(args, 'multiples', None):
+        cli.check_unique('--multiples', args.multiples)
+    if getattr(args, 'depths', None):
+        cli.check_unique('--depths', args.depths)
+    length = getattr(args, 'train_length', None)
+    if length is not None and args.command in ('passkey', 'compare') and length < 81:
+        raise ValueError(f'--train-length {length}: a passkey prompt needs at least 81 bytes')
+    if length is not None and getattr(args, 'block_bytes', None) is not None and args.command in ('train', 'compare'):
+        longest = length * max(getattr(args, 'multiples', [1]))
+        if args.block_bytes < longest + 1:
+            raise ValueError(f'--block-bytes {args.block_bytes} cannot hold an evaluation window of {longest + 1} bytes '
+                             f'(--train-length {length} x {max(getattr(args, "multiples", [1]))}); raise --block-bytes')
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def data_config(args: argparse.Namespace) -> Dict[str, Any]:
+    """Everything that fixes the text of a run (saved in config.json, reused by ``ppl``)."""
+    return dict(text=args.text, with_stdlib=args.with_stdlib, block_bytes=args.block_bytes,
+                val_fraction=args.val_fraction, split_seed=args.split_seed, train_length=args.train_length)
+
+
+def corpus(dcfg: Dict[str, Any]):
+    docs = read_corpus(dcfg['text']) if dcfg['text'] else builtin_corpus(with_stdlib=dcfg['with_stdlib'])
+    return split_corpus(docs, dcfg['val_fraction'], dcfg['block_bytes'], dcfg['split_seed'])
+
+
+# ----------------------------------------------------------------------------------------- model
+
+def model_config(args: argparse.Namespace, attn: str) -> Dict[str, Any]:
+    return dict(attn=attn, overrides=dict(CPU_MODEL, **model_overrides(args.model_overrides)))
+
+
+def build_model(mcfg: Dict[str, Any]) -> nn.Module:
+    return create_language_model(mcfg['attn'], **mcfg['overrides'])
+
+
+def load_model(run: Path, kind: str = 'lm'):
+    loaded = load_finished_run(Path(run), kind)
+    model = build_model(loaded.config['model'])
+    model.load_state_dict(loaded.state_dict)
+    return loaded.config, model
+
+
+# ------------------------------------------------------------------------------------------ step
+
+def lm_step(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-byte cross-entropy over a batch of (B, L + 1) windows."""
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def answer_logits(model: nn.Module, batch: Dict[str, torch.Tensor]):
+    """(logits, targets, mask) of the answer bytes: positions >= answer_start, predicted from the byte before."""
+    tokens = batch['tokens']
+    logits = model(tokens[:, :-1]).float()
+    positions = torch.arange(1, tokens.shape[1], device=tokens.device)[None]
+    return logits, tokens[:, 1:], positions >= batch['answer_start'][:, None]
+
+
+def answer_step(model: nn.Module, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the answer bytes only (passkey digits, indexing target)."""
+    logits, targets, mask = answer_logits(model, batch)
+    return F.cross_entropy(logits[mask], targets[mask])
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+@torch.no_grad()
+def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int, device) -> Dict[str, float]:
+    """exp(mean next-byte NLL) over every predicted byte of the (W, n + 1) windows, each one full forward."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in windows.split(batch_size):
+        batch = batch.to(device)
+        logits = model(batch[:, :-1]).float()
+        total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction='sum').item()
+        count += batch[:, 1:].numel()
+    loss = total / count
+    return dict(loss=loss, ppl=float(np.exp(loss)), bits_per_byte=loss / np.log(2), tokens=count)
+
+
+@torch.no_grad()
+def answer_accuracy(model: nn.Module, data, batch_size: int, device) -> Dict[str, float]:
+    """Argmax accuracy of the answer bytes (teacher forced; exact match = every answer byte right, which is
+    exactly when greedy generation reproduces the answer)."""
+    model.eval()
+    right = total = exact = items = 0
+    for start in range(0, len(data), batch_size):
+        chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
+        batch = {'tokens': torch.stack([it['tokens'] for it in chunk]).to(device),
+                 'answer_start': torch.tensor([it['answer_start'] for it in chunk], device=device)}
+        logits, targets, mask = answer_logits(model, batch)
+        hit = (logits.argmax(-1) == targets) | ~mask
+        right += int(((logits.argmax(-1) == targets) & mask).sum())
+        total += int(mask.sum())
+        exact += int(hit.all(-1).sum())
+        items += len(chunk)
+    return dict(digit_accuracy=right / total, exact_match=exact / items)
+
+
+def passkey_grid(model: nn.Module, train_length: int, args: argparse.Namespace, device) -> Dict[str, Any]:
+    """Digit accuracy and exact match per (length multiple, depth) on held-out prompts."""
+    cells = {}
+    for multiple in args.multiples:
+        for depth in args.depths:
+            data = PasskeyTask(train_length * multiple, args.passkey_samples, PASSKEY_EVAL_SEED, depths=[depth])
+            cells[f'{multiple}x@{depth:g}'] = dict(multiple=multiple, depth=depth,
+                                                   **answer_accuracy(model, data, args.eval_batch_size, device))
+    return cells
+
+
+# ----------------------------------------------------------------------------------------- train
+
+TASKS = ('lm', 'passkey', 'index')
+
+
+def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, resume: bool, task: str = 'lm',
+              init_from: Optional[Path] = None, base_config: Optional[Dict[str, Any]] = None) -> Path:
+    """Train ``attn`` with ``seed`` on ``task`` into ``out_dir``; returns the final checkpoint folder.
+
+    'lm': next-byte prediction on the corpus; 'passkey': fine-tune the run ``init_from`` on passkey prompts at
+    its training length; 'index': a fresh model on indirect indexing.
+    """
+    folder = RunFolder(out_dir, resume)
+    accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
+    if task == 'passkey':
+        init_config, model = load_model(init_from)
+        mcfg, dcfg = init_config['model'], init_config['data']
+        train_set = PasskeyTask(dcfg['train_length'], args.passkey_updates * args.batch_size, seed)
+        updates, lr = args.passkey_updates, args.passkey_lr
+    else:
+        dcfg = data_config(args) if task == 'lm' else dict(train_length=INDEX_LENGTH)
+        mcfg = model_config(args, attn)
+        model = build_model(mcfg)
+        if task == 'lm':
+            split = corpus(dcfg)
+            train_set = TrainWindows(split.train, dcfg['train_length'])
+            updates, lr = args.updates, args.lr
+        else:
+            train_set = IndexTask(args.index_updates * args.batch_size, seed)
+            updates, lr = args.index_updates, args.index_lr
+    config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg, init_from=str(init_from) if init_from else None,
+                  parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args))
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
+
+    loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
+    total_updates = count_updates(updates, args.epochs, len(loader), args.grad_accum)
+    optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)
+    scheduler = cosine_schedule(optimizer, lr, total_updates, args.warmup_frac)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    evaluate = None
+    if args.eval_every:
+        device = accelerator.device
+        if task == 'lm':
+            windows = eval_windows(split.val_blocks, dcfg['train_length'], getattr(args, 'eval_windows', 16))
+
+            def evaluate() -> Dict[str, float]:
+                return perplexity(accelerator.unwrap_model(model), windows, args.eval_batch_size, device)
+        else:
+            held_out = (PasskeyTask(dcfg['train_length'], 64, PASSKEY_EVAL_SEED) if task == 'passkey'
+                        else IndexTask(256, INDEX_TEST_SEED + 1))
+
+            def evaluate() -> Dict[str, float]:
+                metrics = answer_accuracy(accelerator.unwrap_model(model), held_out, args.eval_batch_size, device)
+                return dict(metrics, loss=-metrics['exact_match'])
+
+    logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
+    logger.log(event='start', task=task, attn=attn, seed=seed, total_updates=total_updates,
+               parameters=config['parameters'], processes=accelerator.num_processes, device=str(accelerator.device))
+    step = lm_step if task == 'lm' else answer_step
+    result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir,
+                 step_fn=step, clip_grad=args.clip_grad, checkpoint_every=args.checkpoint_every,
+                 resume=resume, stop_after=args.stop_after, logger=logger, log_every=args.log_every,
+                 eval_every=args.eval_every, evaluate=evaluate, best_metric='loss' if evaluate else None,
+                 best_mode='min', patience=args.patience)
+    logger.log(event='end', **{k: str(v) for k, v in result.items()})
+    return Path(result['checkpoint'])
+
+
+# ------------------------------------------------------------------------------------- measuring
+
+def eval_device(args: argparse.Namespace) -> torch.device:
+    return torch.device('cuda' if torch.cuda.is_available() and not args.cpu else 'cpu')
+
+
+def run_ppl(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any]]:
+    """One row per run: perplexity at each multiple of its training length (full context)."""
+    device, rows = eval_device(args), []
+    for run in runs:
+        config, model = load_model(Path(run))
+        model.to(device)
+        length = config['data']['train_length']
+        split = corpus(config['data'])
+        row = dict(run=str(run), attn=config['attn'], seed=config['seed'], train_length=length, ppl={})
+        for multiple in args.multiples:
+            windows = eval_windows(split.val_blocks, length * multiple, args.eval_windows)
+            row['ppl'][str(multiple)] = perplexity(model, windows, args.eval_batch_size, device)
+        print(f"{config['attn']} seed={config['seed']}: ppl " + ', '.join(
+            f"{m}x {row['ppl'][str(m)]['ppl']:.3f}" for m in args.multiples))
+        rows.append(row)
+    return rows
+
+
+def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path) -> List[Dict[str, Any]]:
+    """Fine-tune each run on passkey prompts (``out/<attn>/seed<k>``), then test the length x depth grid."""
+    device, rows = eval_device(args), []
+    configs = [load_finished_run(Path(run), 'lm').config for run in runs]
+    folders = [out / c['attn'] / f"seed{c['seed']}" for c in configs]
+    cli.check_unique('the runs (method / seed pairs)', [f'{f.parent.name}/{f.name}' for f in folders])
+    taken = [str(f) for f in folders if holds_run(f)]
+    if taken and not args.resume:
+        raise FileExistsError(f'{len(taken)} passkey run folder(s) already hold a run ({", ".join(taken)}); pass '
+                              f'--resume to continue them or choose another --out')
+    for run, config, run_dir in zip(runs, configs, folders):
+        run_train(passkey_args(args), config['attn'], config['seed'], run_dir, resume_flag(args.resume, run_dir),
+                  task='passkey', init_from=Path(run))
+        _, model = load_model(run_dir)
+        model.to(device)
+        cells = passkey_grid(model, config['data']['train_length'], args, device)
+        rows.append(dict(run=str(run_dir), attn=config['attn'], seed=config['seed'], cells=cells))
+        print(f"{config['attn']} seed={config['seed']}: passkey exact match " + ', '.join(
+            f"{m}x {np.mean([c['exact_match'] for c in cells.values() if c['multiple'] == m]):.2f}"
+            for m in args.multiples))
+    return rows
+
+
+def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The training flags a passkey fine-tuning needs, with the shared defaults where the command has none."""
+    defaults = dict(grad_accum=1, epochs=1, opt='adamw', weight_decay=0.0, warmup_frac=0.05, clip_grad=1.0,
+                    stop_after=None, eval_every=0, patience=0, checkpoint_every=0, log_every=10, amp='no')
+    return argparse.Namespace(**dict(defaults, **vars(args)))
+
+
+def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
+    """Train a fresh model per method and seed on indirect indexing and test it on held-out items."""
+    device, rows = eval_device(args), []
+    for attn, seed, run_dir in sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods'):
+        run_train(args, attn, seed, run_dir, resume_flag(args.resume, run_dir), task='index')
+        _, model = load_model(run_dir)
+        model.to(device)
+        metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed), args.eval_batch_size,
+                                  device)
+        rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match']))
+        print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f}')
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- report
+
+def by_method(rows: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    return {a: [r for r in rows if r['attn'] == a] for a in dict.fromkeys(r['attn'] for r in rows)}
+
+
+def ppl_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """method -> {'seeds', 'ppl': multiple -> mean/std, 'ratio_4x': ppl(4x) / ppl(1x) mean/std}."""
+    table = {}
+    for attn, mine in by_method(rows).items():
+        multiples = list(mine[0]['ppl'])
+        table[attn] = dict(seeds=[r['seed'] for r in mine], train_length=mine[0]['train_length'],
+                           ppl={m: mean_std(r['ppl'][m]['ppl'] for r in mine) for m in multiples})
+        if '1' in multiples and '4' in multiples:
+            table[attn]['ratio_4x'] = mean_std(r['ppl']['4']['ppl'] / r['ppl']['1']['ppl'] for r in mine)
+    return table
+
+
+def ppl_table(table: Dict[str, Any]) -> str:
+    multiples = list(next(iter(table.values()))['ppl'])
+    length = next(iter(table.values()))['train_length']
+    has_ratio = all('ratio_4x' in t for t in table.values())
+    header = ['method'] + [f'ppl @ {int(m) * length} ({m}x)' for m in multiples] + (['4x / 1x'] if has_ratio else [])
+    return markdown_table(header, [[a] + [format_cell(t['ppl'][m], digits=3) for m in multiples]
+                                   + ([format_cell(t['ratio_4x'], digits=3)] if has_ratio else [])
+                                   for a, t in table.items()])
+
+
+def plot_ppl(table: Dict[str, Any], path: Path, title: str) -> Path:
+    fig, axes = figure()
+    ax = axes[0][0]
+    for attn, t in table.items():
+        lengths = [int(m) * t['train_length'] for m in t['ppl']]
+        ax.errorbar(lengths, [c['mean'] for c in t['ppl'].values()], yerr=[c['std'] for c in t['ppl'].values()],
+                    marker='o', capsize=3, label=attn)
+    ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
+    ax.set_xlabel('evaluation length (bytes, full context)')
+    ax.set_ylabel('perplexity per byte (log)')
+    ax.axvline(next(iter(table.values()))['train_length'], color='grey', ls=':', lw=1)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def passkey_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """method -> cell -> {'multiple', 'depth', 'exact_match', 'digit_accuracy'} mean/std; per multiple the mean
+    over depths."""
+    table = {}
+    for attn, mine in by_method(rows).items():
+        cells = {k: dict(multiple=c['multiple'], depth=c['depth'],
+                         exact_match=mean_std(r['cells'][k]['exact_match'] for r in mine),
+                         digit_accuracy=mean_std(r['cells'][k]['digit_accuracy'] for r in mine))
+                 for k, c in mine[0]['cells'].items()}
+        multiples = list(dict.fromkeys(c['multiple'] for c in cells.values()))
+        per_length = {str(m): {metric: mean_std(np.mean([r['cells'][k][metric] for k, c in cells.items()
+                                                         if c['multiple'] == m]) for r in mine)
+                               for metric in ('exact_match', 'digit_accuracy')} for m in multiples}
+        table[attn] = dict(seeds=[r['seed'] for r in mine], cells=cells, per_length=per_length)
+    return table
+
+
+def passkey_table(table: Dict[str, Any]) -> str:
+    multiples = list(next(iter(table.values()))['per_length'])
+    return markdown_table(['method'] + [f'{m}x exact / digits' for m in multiples],
+                          [[a] + [f"{format_cell(t['per_length'][m]['exact_match'])} / "
+                                  f"{format_cell(t['per_length'][m]['digit_accuracy'])}" for m in multiples]
+                           for a, t in table.items()])
+
+
+def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
+    """Exact-match heatmap (length x depth), one panel per method."""
+    fig, axes = figure(1, len(table), size=(2.6 * len(table) + 1, 3.2))
+    for ax, (attn, t) in zip(axes[0], table.items()):
+        multiples = list(dict.fromkeys(c['multiple'] for c in t['cells'].values()))
+        depths = list(dict.fromkeys(c['depth'] for c in t['cells'].values()))
+        grid = np.array([[t['cells'][f'{m}x@{d:g}']['exact_match']['mean'] for m in multiples] for d in depths])
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap='viridis', aspect='auto', origin='lower')
+        ax.set_xticks(range(len(multiples)), [f'{m}x' for m in multiples])
+        ax.set_yticks(range(len(depths)), [f'{d:g}' for d in depths])
+        ax.set_xlabel('length / training length')
+        ax.set_title(attn, fontsize=9)
+    axes[0][0].set_ylabel('key depth')
+    fig.colorbar(image, ax=axes[0][-1], label='exact match')
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, path)
+
+
+def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return {a: dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine))
+            for a, mine in by_method(rows).items()}
+
+
+def index_table(table: Dict[str, Any]) -> str:
+    return markdown_table(['method', 'indirect-indexing accuracy (%)'],
+                          [[a, format_cell(t['accuracy'], scale=100, digits=1)] for a, t in table.items()])
+
+
+def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
+    fig, axes = figure()
+    ax = axes[0][0]
+    names = list(table)
+    ax.bar(names, [100 * t['accuracy']['mean'] for t in table.values()],
+           yerr=[100 * t['accuracy']['std'] for t in table.values()], capsize=3)
+    ax.axhline(100 / 30, color='grey', ls=':', lw=1, label='chance (1 / offsets)')
+    ax.set_ylabel('accuracy (%)')
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def report(args: argparse.Namespace, out: Path, **sections: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Tables, one results.json with a section per measurement, and the plots."""
+    makers = dict(ppl=(ppl_summary, ppl_table, plot_ppl, 'lm_ppl_vs_length.png', 'perplexity vs evaluation length'),
+                  passkey=(passkey_summary, passkey_table, plot_passkey, 'lm_passkey_heatmap.png',
+                           'passkey exact match (held-out prompts)'),
+                  index=(index_summary, index_table, plot_index, 'lm_index_accuracy.png', 'indirect indexing'))
+    summary, texts, plots = {}, [], {}
+    rows = [dict(r, section=name) for name, section in sections.items() for r in section]
+    for name, section in sections.items():
+        summarize, tabulate, plot, filename, title = makers[name]
+        summary[name] = summarize(section)
+        texts.append(f'### {name}\n\n' + tabulate(summary[name]))
+        seeds = sorted({r['seed'] for r in section})
+        plots[name] = str(plot(summary[name], out / filename, f'{title}, seeds {seeds}'))
+    text = '\n\n'.join(texts)
+    print(text)
+    results = write_results(out, rows=rows, summary=summary, table_markdown=text, args=args, plots=plots)
+    print(f'saved {results} and {", ".join(plots.values())}')
+    return dict(rows=rows, summary=summary, table_markdown=text, plots=plots)
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def train_all(args: argparse.Namespace, out: Path) -> List[Path]:
+    runs = sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods')
+    for attn, seed, run_dir in runs:
+        run_train(args, attn, seed, run_dir, resume_flag(args.resume, run_dir))
+    return [run_dir for _, _, run_dir in runs]
+
+
+def dispatch(args: argparse.Namespace) -> Any:
+    out = Path(args.out)
+    if args.command == 'train':
+        runs = train_all(args, out)
+        return dict(runs=[str(r) for r in runs])
+    if args.command == 'ppl':
+        return report(args, out, ppl=run_ppl(args, args.runs))
+    if args.command == 'passkey':
+        return report(args, out, passkey=run_passkey(args, args.runs, out))
+    if args.command == 'index':
+        return report(args, out, index=run_index(args, out))
+    runs = [str(r) for r in train_all(args, out / 'train')]
+    return report(args, out, ppl=run_ppl(args, runs), passkey=run_passkey(args, runs, out / 'passkey'),
+                  index=run_index(args, out / 'index'))
+
+
+def main(argv: Optional[List[str]] = None) -> Any:
+    return cli.run_main(build_parser(), dispatch, argv, validate)
+
+
+if __name__ == '__main__':
+    main()
+    close_distributed()

@@ -1,0 +1,107 @@
+"""Language recipe on the shared layer: train, kill + resume (bit-exact), ppl of a hand-checkable model, passkey /
+index metrics, a tiny compare, and the recipe's own bad inputs (rejected before any folder is written)."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vision_priors.recipes import language as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes.data.text import PasskeyTask
+
+TINY_MODEL = dict(dim=32, depth=1, num_heads=2, goat_modes=2, lavo_window=8, lavo_slots=8)
+
+
+def tiny(*extra: str) -> list:
+    return ['--model-overrides', json.dumps(TINY_MODEL), '--train-length', '96', '--batch-size', '4', '--cpu',
+            '--threads', '1', '--block-bytes', '4096', *extra]
+
+
+def test_train_kill_resume_equals_uninterrupted_then_ppl(tmp_path):
+    common = ['train', '--methods', 'pope', *tiny(), '--updates', '6', '--checkpoint-every', '2', '--eval-every', '3']
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    recipe.main([*common, '--out', str(full)])
+    recipe.main([*common, '--out', str(killed), '--stop-after', '3'])
+    recipe.main([*common, '--out', str(killed), '--resume'])
+    a = load_file(str(latest_checkpoint(full / 'pope' / 'seed0') / 'model.safetensors'))
+    b = load_file(str(latest_checkpoint(killed / 'pope' / 'seed0') / 'model.safetensors'))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (full / 'pope' / 'seed0' / 'best' / 'model.safetensors').exists()  # best-on-validation weights
+    result = recipe.main(['ppl', str(full / 'pope' / 'seed0'), '--multiples', '1', '3', '--eval-windows', '2',
+                          '--cpu', '--out', str(tmp_path / 'ppl')])
+    row = result['rows'][0]
+    assert row['attn'] == 'pope' and set(row['ppl']) == {'1', '3'}
+    assert row['ppl']['3']['tokens'] == 2 * 288 and 1 < row['ppl']['1']['ppl'] < 256 * 2  # full 3x windows
+    saved = json.loads((tmp_path / 'ppl' / 'results.json').read_text())
+    assert saved['seeds'] == [0] and 'ppl @ 288 (3x)' in saved['table_markdown']
+    assert (tmp_path / 'ppl' / 'lm_ppl_vs_length.png').stat().st_size > 5000
+
+
+class KnownNextByte(torch.nn.Module):
+    """Logit ``a`` on (token + 1) mod 256, 0 elsewhere: on the stream 0, 1, 2, ... p(correct) = e^a / (e^a + 255)."""
+
+    def __init__(self, a: float) -> None:
+        super().__init__()
+        self.a = a
+
+    def forward(self, tokens):
+        return torch.nn.functional.one_hot((tokens + 1) % 256, 256).double() * self.a
+
+
+def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
+    windows = (torch.arange(40).reshape(4, 10) % 256)
+    assert recipe.perplexity(KnownNextByte(0.0), windows, 3, 'cpu')['ppl'] == pytest.approx(256.0)
+    a = 2.0
+    expected = (math.exp(a) + 255) / math.exp(a)
+    measured = recipe.perplexity(KnownNextByte(a), windows, 3, 'cpu')
+    assert measured['ppl'] == pytest.approx(expected) and measured['tokens'] == 36
+    counting = [dict(tokens=torch.arange(5, 12), answer_start=4), dict(tokens=torch.tensor([1, 2, 3, 9]), answer_start=2)]
+    metrics = recipe.answer_accuracy(KnownNextByte(1.0), counting, 1, 'cpu')  # one length per batch
+    assert metrics == dict(digit_accuracy=4 / 5, exact_match=0.5)  # the second item's last byte (9) is missed
+
+
+def test_compare_two_methods_writes_every_section(tmp_path):
+    out = tmp_path / 'cmp'
+    result = recipe.main(['compare', '--methods', 'goat', 'lavo', '--seeds', '0', *tiny(), '--updates', '2',
+                          '--passkey-updates', '2', '--index-updates', '2', '--multiples', '1', '2', '--depths', '0',
+                          '1', '--passkey-samples', '2', '--eval-windows', '1', '--index-test', '4', '--out', str(out)])
+    summary = result['summary']
+    assert set(summary) == {'ppl', 'passkey', 'index'} and set(summary['ppl']) == {'goat', 'lavo'}
+    assert set(summary['passkey']['goat']['cells']) == {'1x@0', '1x@1', '2x@0', '2x@1'}
+    assert 0 <= summary['index']['lavo']['accuracy']['mean'] <= 1 and 'ratio_4x' not in summary['ppl']['goat']
+    for name in ('lm_ppl_vs_length.png', 'lm_passkey_heatmap.png', 'lm_index_accuracy.png'):
+        assert (out / name).stat().st_size > 5000
+    config = json.loads((out / 'passkey' / 'goat' / 'seed0' / 'config.json').read_text())
+    assert config['task'] == 'passkey' and config['init_from'] == str(out / 'train' / 'goat' / 'seed0')
+    with pytest.raises(FileExistsError, match='already hold a run'):
+        recipe.main(['compare', '--methods', 'goat', '--seeds', '0', *tiny(), '--out', str(out)])
+
+
+def test_passkey_training_items_are_answerable():
+    item = PasskeyTask(96, 1, 0)[0]
+    text = bytes(item['tokens'].tolist())
+    assert text[item['answer_start']:].isdigit() and text.count(text[item['answer_start']:]) == 2
+
+
+def test_recipe_errors_before_anything_is_written(tmp_path):
+    r = str(tmp_path / 'r')
+    with pytest.raises(ValueError, match='cannot build the goat model'):
+        recipe.main(['train', *tiny(), '--model-overrides', '{"goat_modes": 20}', '--out', r])
+    with pytest.raises(ValueError, match='is not a JSON dict'):
+        recipe.main(['train', *tiny(), '--model-overrides', '[1]', '--out', r])
+    with pytest.raises(ValueError, match='--methods lists rope more than once'):
+        recipe.main(['train', *tiny(), '--methods', 'rope', 'rope', '--out', r])
+    with pytest.raises(ValueError, match='cannot hold an evaluation window of 769 bytes'):
+        recipe.main(['compare', *tiny(), '--multiples', '1', '8', '--block-bytes', '512', '--out', r])
+    with pytest.raises(ValueError, match='a passkey prompt needs at least 81 bytes'):
+        recipe.main(['compare', *tiny(), '--train-length', '64', '--out', r])
+    (tmp_path / 'empty.txt').write_text('')
+    with pytest.raises(ValueError, match=r'empty\.txt is empty'):
+        recipe.main(['train', *tiny(), '--text', str(tmp_path / 'empty.txt'), '--out', r])
+    (tmp_path / 'short.txt').write_text('tiny text')
+    with pytest.raises(ValueError, match='too few for a 10% validation split'):
+        recipe.main(['train', *tiny(), '--text', str(tmp_path / 'short.txt'), '--out', r])
+    assert not Path(r).exists()
