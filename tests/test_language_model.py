@@ -182,3 +182,14 @@ def test_tied_embeddings_share_one_matrix():
     logits = model(torch.tensor([[1, 2]]))
     hidden = model.norm(model.blocks[0](model.embed(torch.tensor([[1, 2]])))[0])
     torch.testing.assert_close(logits, hidden @ model.embed.weight.T)
+
+
+@pytest.mark.parametrize('attn', ATTENTIONS)
+def test_bfloat16_autocast_cached_decoding_runs(attn, one_thread):
+    model = create_language_model(attn, dim=24, depth=1, num_heads=2, goat_modes=2, lavo_window=4, lavo_slots=6).eval()
+    tokens = torch.randint(0, 256, (1, 7))
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        logits, past = model(tokens[:, :5], use_cache=True)
+        more, _ = model(tokens[:, 5:], past, use_cache=True)
+        full = model(tokens)
+    assert torch.isfinite(more).all() and (more.float() - full[:, 5:].float()).abs().max() < 0.1

@@ -132,8 +132,8 @@ class SoftmaxCausalAttention(nn.Module):
             v = v.reshape(B, N, H, dh).transpose(1, 2)
             coords = sequence_coords(N, offset=start, device=x.device, dtype=layer.prior.alpha.dtype)
             q_pos, k_pos = layer.prior.qk_coordinates(coords)  # (H, N, d_p): the cached keys keep k_pos(p_j)
-            q = torch.cat([q * layer.content_scale, q_pos.to(x.dtype).expand(B, -1, -1, -1)], dim=-1)
-            k = torch.cat([k, k_pos.to(x.dtype).expand(B, -1, -1, -1)], dim=-1)
+            q = torch.cat([q * layer.content_scale, q_pos.to(q.dtype).expand(B, -1, -1, -1)], dim=-1)
+            k = torch.cat([k, k_pos.to(k.dtype).expand(B, -1, -1, -1)], dim=-1)
             return q, k, v
         if self.attn == 'pope':
             layer = self.layer
