@@ -1,0 +1,113 @@
+"""Forecast recipe on the shared layer: train, kill + resume (bit-exact), eval, compare, metrics, schedule, errors."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vision_priors.recipes import forecast as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes.data.ett import write_ett_csv
+
+TINY_MODEL = dict(d_model=8, n_heads=2, d_ff=8, lavo_slots=4)
+
+
+@pytest.fixture(scope='module')
+def tiny_csv(tmp_path_factory) -> Path:
+    """300 hourly rows, custom layout: train [0, 210), val [194, 240), test [224, 300) for seq_len 16."""
+    return write_ett_csv(tmp_path_factory.mktemp('forecast') / 'tiny.csv', rows=300, seed=2)
+
+
+def tiny(csv: Path) -> list:
+    return ['--data', str(csv), '--seq-len', '16', '--label-len', '8', '--model-overrides', json.dumps(TINY_MODEL),
+            '--batch-size', '16', '--cpu', '--threads', '1', '--plot-windows', '2']
+
+
+def test_train_kill_resume_equals_uninterrupted_and_eval(tiny_csv, tmp_path):
+    common = ['train', '--cross-attn', 'lavo', *tiny(tiny_csv), '--pred-len', '4', '--updates', '6',
+              '--checkpoint-every', '2', '--eval-every', '3']
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    recipe.main([*common, '--out', str(full)])
+    recipe.main([*common, '--out', str(killed), '--stop-after', '3'])
+    recipe.main([*common, '--out', str(killed), '--resume'])
+    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
+    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    config = json.loads((full / 'config.json').read_text())
+    assert config['borders'] == {'train': [0, 210], 'val': [194, 240], 'test': [224, 300]}
+    assert config['lr'] == 1e-4 and config['method'] == 'lavo' and config['data']['pred_len'] == 4
+    result = recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--batch-size', '16',
+                          '--plot-windows', '2'])
+    row = result['rows'][0]
+    assert row['weights'].endswith('best') and row['windows'] == 76 - 16 - 4 + 1
+    assert row['mse'] > 0 and row['mae'] > 0 and row['method'] == 'lavo' and row['seed'] == 0
+    window = row['examples']['windows'][1]
+    assert row['examples']['column'] == 'OT' and window['window'] == 56
+    raw_ot = pd.read_csv(tiny_csv)['OT'].to_numpy()  # the plot is in original units: the raw column
+    np.testing.assert_allclose(window['truth'], raw_ot[224 + 56 + 16:224 + 56 + 20], rtol=1e-5)
+    np.testing.assert_allclose(window['history'], raw_ot[224 + 56:224 + 56 + 16], rtol=1e-5)
+    saved = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+    assert saved['seeds'] == [0] and 'lavo MSE' in saved['table_markdown']
+    assert (tmp_path / 'eval' / 'forecast_predictions.png').stat().st_size > 5000
+
+
+def test_compare_full_lavo_linear_over_horizons_and_seeds(tiny_csv, tmp_path):
+    out = tmp_path / 'cmp'
+    result = recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seeds', '0', '1', '--updates', '2',
+                          '--out', str(out)])
+    assert set(result['summary']) == {'4', '8'}
+    for cells in result['summary'].values():
+        assert set(cells) == {'full', 'lavo', 'linear'}
+        assert all(c['seeds'] == [0, 1] and c['mse']['n'] == 2 for c in cells.values())
+    assert (out / 'h8' / 'linear' / 'seed1' / 'best' / 'model.safetensors').exists()
+    linear = json.loads((out / 'h4' / 'linear' / 'seed0' / 'config.json').read_text())
+    assert linear['lr'] == 5e-3 and linear['model']['name'] == 'linear'
+    assert (out / 'forecast_predictions.png').stat().st_size > 5000
+    assert 'linear MSE' in result['table_markdown'] and 'Informer paper' not in result['table_markdown']
+    with pytest.raises(FileExistsError, match='already hold a run'):  # every folder checked before training
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--out', str(out)])
+
+
+def test_metrics_schedule_and_published_table():
+    metrics = recipe.forecast_metrics(np.array([[1., 2.], [3., 4.]]), np.array([[1., 0.], [0., 4.]]))
+    assert metrics == {'mse': pytest.approx((0 + 4 + 9 + 0) / 4), 'mae': pytest.approx((0 + 2 + 3 + 0) / 4)}
+    with pytest.raises(ValueError, match='one non-empty shape'):
+        recipe.forecast_metrics(np.zeros((2, 3)), np.zeros((3, 2)))
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = recipe.InformerHalving(optimizer, 1e-4, updates_per_epoch=10)
+    # Informer2020 type1: epochs 0 and 1 at lr, then lr / 2, lr / 4, ...
+    assert [schedule.lr_at(u) for u in (0, 9, 10, 19, 20, 30, 45)] == [1e-4, 1e-4, 1e-4, 1e-4, 5e-5, 2.5e-5, 1.25e-5]
+    schedule.step_update(31)
+    assert optimizer.param_groups[0]['lr'] == 2.5e-5
+    rows = [dict(pred_len=24, method='full', seed=s, parameters=1, mse=m, mae=m / 2, data='x/ETTh1.csv', features='M')
+            for s, m in ((0, 0.5), (1, 0.7))]
+    text = recipe.format_table(recipe.aggregate(rows), recipe.published_figures(rows))
+    assert text.splitlines()[2] == '| 24 | 0.600 ± 0.141 | 0.300 ± 0.071 | 0.577 | 0.549 |'
+
+
+def test_recipe_errors(tiny_csv, tmp_path):
+    out = tmp_path / 'r'
+    with pytest.raises(ValueError, match='--label-len 20 exceeds --seq-len 16'):
+        recipe.main(['train', *tiny(tiny_csv), '--label-len', '20', '--out', str(out)])
+    with pytest.raises(ValueError, match='--pred-lens lists 4 more than once'):
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '4', '--out', str(out)])
+    with pytest.raises(ValueError, match='--model-overrides .* is not a JSON dict'):
+        recipe.main(['train', *tiny(tiny_csv), '--model-overrides', '[1]', '--out', str(out)])
+    with pytest.raises(ValueError, match='compare: --model names the transformer'):
+        recipe.main(['compare', *tiny(tiny_csv), '--model', 'linear', '--out', str(out)])
+    with pytest.raises(FileNotFoundError, match='--data .*nowhere.csv: no such CSV file'):
+        recipe.main(['train', *tiny(tiny_csv), '--data', str(tmp_path / 'nowhere.csv'), '--out', str(out)])
+    with pytest.raises(SystemExit):
+        recipe.main(['train', *tiny(tiny_csv), '--eval-every', 'weekly', '--out', str(out)])
+    bad = tmp_path / 'bad.csv'
+    frame = pd.read_csv(tiny_csv)
+    frame.loc[40, 'HULL'] = np.nan
+    frame.to_csv(bad, index=False)
+    with pytest.raises(ValueError, match=r"bad.csv: row 40 \(line 42\), column 'HULL': empty / NaN cell"):
+        recipe.main(['train', *tiny(tiny_csv), '--data', str(bad), '--out', str(out)])
+    with pytest.raises(ValueError, match=r'too few rows: the val split'):
+        recipe.main(['train', *tiny(tiny_csv), '--pred-len', '40', '--out', str(out)])
+    assert not out.exists()  # nothing written by a rejected run
