@@ -6,7 +6,10 @@ mode, timed with ``vit_throughput``'s helpers: each round times one call of each
 The SDPA path is what PoPE runs with autograd on (q / k of width 2d, v widened to 2d for CPU SDPA's
 fused kernel); the torch-op path is ``pope_cpu_inference_attention`` (``vision_priors/layers/pope.py``,
 what CPU inference runs with ``kernel_backend='torch'``); the compiled path is the C++ op
-``kernels/pope_cpu.cpp`` (the default for float32 CPU inference).
+``kernels/pope_cpu.cpp`` (the default for float32 CPU inference where it wins:
+``COMPILED_OP_FASTER_ON`` in ``pope.py``; it is timed here on any CPU, and the header says which path
+dispatch picks). ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`` restricts ATen and MKL to AVX2
+on an AVX-512 machine (the compiled op's clone follows the hardware).
 
     ./run.sh bench pope_cpu_attention                 # 14 x 14 and 24 x 24 grids (197 / 577 tokens)
     ./run.sh bench pope_cpu_attention --grids 32      # 1025 tokens
@@ -18,9 +21,10 @@ from typing import Callable
 import torch
 from timm.layers import Attention
 
+from vision_priors.kernels.pope_cpu import compiled_op_isa
 from vision_priors.layers import PopeAttention
 import vision_priors.layers.pope as pope_module
-from vit_throughput import paired_ratios, time_rounds  # same directory: the shared timing helpers
+from vit_throughput import cpu_description, paired_ratios, time_rounds  # same directory: the shared timing helpers
 
 
 def main() -> None:
@@ -31,13 +35,18 @@ def main() -> None:
     parser.add_argument('--warmup', type=int, default=2)
     args = parser.parse_args()
     torch.manual_seed(0)
-    if not pope_module.use_compiled_cpu_op(torch.float32):
-        raise SystemExit('pope_cpu_attention: the compiled op is not in use (VISION_PRIORS_KERNELS=torch, or '
-                         'kernels/pope_cpu.cpp could not be built: see the warning above)')
+    if compiled_op_isa() is None:
+        raise SystemExit('pope_cpu_attention: kernels/pope_cpu.cpp could not be built (see the warning above)')
+    if pope_module.requested_backend('auto') == 'torch':
+        raise SystemExit('pope_cpu_attention: VISION_PRIORS_KERNELS=torch is set; unset it to time the compiled op')
+    dispatch = 'compiled op' if pope_module.use_compiled_cpu_op(torch.float32) else 'torch-op twin'
+    faster_here = pope_module.compiled_op_is_faster_here
     use_inference_path = pope_module.use_cpu_inference_attention
 
     print(f'\nPoPE attention, CPU, {torch.get_num_threads()} threads, batch {args.batch_size}, dim 384, 6 heads, '
-          f'{args.rounds} rounds, torch {torch.__version__}\n')
+          f'{args.rounds} rounds, torch {torch.__version__}, {cpu_description()}; compiled op code: '
+          f'{compiled_op_isa()}, ATen kernels: {torch.backends.cpu.get_cpu_capability()}; float32 inference '
+          f'dispatch here: {dispatch}\n')
     print('| tokens | timm Attention ms | PoPE SDPA path ms | PoPE torch-op path ms | PoPE compiled path ms | '
           'SDPA path / compiled | torch-op path / compiled | timm / compiled |')
     print('|---|---|---|---|---|---|---|---|')
@@ -51,11 +60,13 @@ def main() -> None:
             def run() -> object:
                 pope_module.use_cpu_inference_attention = (
                     use_inference_path if inference_path else (lambda *a: False))
+                pope_module.compiled_op_is_faster_here = lambda: True  # time the op even where dispatch skips it
                 pope.kernel_backend = backend
                 try:
                     return pope(x)
                 finally:
                     pope_module.use_cpu_inference_attention = use_inference_path
+                    pope_module.compiled_op_is_faster_here = faster_here
                     pope.kernel_backend = 'auto'
             return run
 

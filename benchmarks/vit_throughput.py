@@ -39,7 +39,7 @@ import timm
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import vision_priors  # noqa: F401  (registers our models)
-from vision_priors.kernels.pope_cpu import load_pope_cpu_op
+from vision_priors.kernels.pope_cpu import compiled_op_isa, load_pope_cpu_op
 from vision_priors.layers.pope import use_compiled_cpu_op
 
 BASELINE = 'vit_small_patch16_224'
@@ -49,10 +49,75 @@ MODELS = [
     'vit_small_patch16_rope_mixed_224',
     'vit_small_patch16_goat_224',
     'vit_small_patch16_pope_224',
+    'vit_small_patch16_lavo_224',
 ]
-GOALS = {'vit_small_patch16_goat_224': 0.95, 'vit_small_patch16_pope_224': 0.85}
+# inference goals vs the baseline per resolution (issues 2 and 16; CPU, AVX2-only machines included)
+GOALS = {'vit_small_patch16_goat_224': {224: 0.95, 384: 0.95, 768: 0.95},
+         'vit_small_patch16_pope_224': {224: 0.85, 384: 0.80, 768: 0.70},
+         'vit_small_patch16_lavo_224': {224: 0.70, 768: 1.50}}
+VECTOR_FLAGS = ('avx2', 'fma', 'avx512f')
 # glibc malloc with fixed (non-adaptive) thresholds: no mmap below 4 GiB, no heap trimming below 16 GiB
 PINNED_MALLOC = 'glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184'
+
+
+def cpu_description() -> str:
+    """CPU model and vector extensions (/proc/cpuinfo flags avx2, fma, avx512f) and ATen's kernel level."""
+    model, flags = platform.processor() or platform.machine(), set()
+    if os.path.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                if key.strip() == 'model name' and model in ('', platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key.strip() == 'flags' and not flags:
+                    flags = set(value.split())
+    extensions = ', '.join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in VECTOR_FLAGS) if flags else \
+        'flags unknown (no /proc/cpuinfo)'
+    return (f'CPU {model} ({os.cpu_count()} logical cores; {extensions}; ATen kernels '
+            f'{torch.backends.cpu.get_cpu_capability()})')
+
+
+def pope_cpu_path() -> str:
+    """Which PoPE CPU inference attention float32 dispatch picks here, and the compiled op's ISA."""
+    isa = compiled_op_isa()
+    if isa is None:
+        return 'torch-op twin (compiled op not built)'
+    chosen = 'compiled op (kernels/pope_cpu.cpp)' if use_compiled_cpu_op(torch.float32) else 'torch-op twin'
+    return f'{chosen}; compiled op code for this CPU: {isa}'
+
+
+def size_and_batch(text: str) -> Tuple[int, int]:
+    """``'224'`` or ``'768:2'`` (resolution, optional batch size) for ``--sizes``; 0 = ``--batch-size``."""
+    size, _, batch = text.partition(':')
+    try:
+        result = int(size), int(batch) if batch else 0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected SIZE or SIZE:BATCH, got {text!r}') from None
+    if result[0] < 16 or result[1] < 0:
+        raise argparse.ArgumentTypeError(f'expected SIZE >= 16 and BATCH >= 1, got {text!r}')
+    return result
+
+
+def goal_verdict(goals: Dict[str, Dict[int, float]], model: str, size: int, ratio: float) -> str:
+    """'>= 0.85x: met' / 'NOT met', or '' where no goal is set for this model and resolution."""
+    goal = goals.get(model, {}).get(size)
+    return '' if goal is None else f">= {goal:.2f}x: {'met' if ratio >= goal else 'NOT met'}"
+
+
+def profile_table(call: Callable[[], object], rows: int = 15) -> str:
+    """Markdown table of the ops that take the most self CPU time in one ``call()`` (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        call()
+    events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    lines = [f'| op | input shapes | calls | self CPU ms | share |', '|---|---|---|---|---|']
+    for e in events[:rows]:
+        shapes = str(e.input_shapes).replace('|', '/')[:80]
+        lines.append(f'| {e.key} | {shapes} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | '
+                     f'{100 * e.self_cpu_time_total / max(total, 1):.1f} % |')
+    lines.append(f'| total | | | {total / 1e3:.1f} | 100 % |')
+    return '\n'.join(lines)
 
 
 def time_rounds(calls: Dict[str, Callable[[], object]], rounds: int,
@@ -92,8 +157,16 @@ def count_flops(model: torch.nn.Module, x: torch.Tensor) -> int:
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
     if load_pope_cpu_op() is not None:  # its matmuls run inside C++, out of the counter's sight
         mapping[torch.ops.vision_priors_cpu.pope_attention] = _pope_cpu_attention_flops
-    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        model(x)
+    # parameters frozen while counting: the counter's module tracker cannot hook views of parameters made
+    # without autograd (LAVO pooling's expanded latent queries)
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+            model(x)
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
     return counter.get_total_flops()
 
 
@@ -120,7 +193,8 @@ def paired_ratios(base: List[float], other: List[float]) -> Tuple[float, float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--sizes', type=int, nargs='+', default=[224, 384], help='square input resolutions')
+    parser.add_argument('--sizes', type=size_and_batch, nargs='+', default=[(224, 0), (384, 0), (768, 2)],
+                        help='square input resolutions, SIZE or SIZE:BATCH (default: 224 384 768:2)')
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--repeats', type=int, default=11, help='timed rounds per size (one pass per model each)')
     parser.add_argument('--warmup', type=int, default=2)
@@ -129,49 +203,59 @@ def main() -> None:
     parser.add_argument('--malloc', choices=['pinned', 'default'], default='pinned',
                         help='glibc malloc with fixed thresholds for every model (see above), or untouched')
     parser.add_argument('--json', type=Path, default=None, help='also write the measurements here')
+    parser.add_argument('--models', nargs='+', default=MODELS, choices=MODELS, help='models besides the baseline')
+    parser.add_argument('--profile', nargs='*', default=[], choices=MODELS,
+                        help='also print where the time goes (top ops, one pass) for these models')
     args = parser.parse_args()
+    models_run = [BASELINE] + [name for name in args.models if name != BASELINE]
     allocator = pin_malloc_or_reexec() if args.malloc == 'pinned' else 'default'
     if args.quick:
         args.batch_size, args.repeats, args.warmup = 2, 2, 1
+        args.sizes = [(size, min(batch, 2)) for size, batch in args.sizes]
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    pope_cpu_path = 'compiled op (kernels/pope_cpu.cpp)' if use_compiled_cpu_op(torch.float32) else 'torch ops'
+    pope_path = pope_cpu_path()
 
-    rows = []
-    for size in args.sizes:
-        x = torch.randn(args.batch_size, 3, size, size)
-        models = {name: timm.create_model(name, img_size=size, num_classes=1000).eval() for name in MODELS}
+    rows, profiles = [], []
+    for size, batch in args.sizes:
+        batch = batch or args.batch_size
+        x = torch.randn(batch, 3, size, size)
+        models = {name: timm.create_model(name, img_size=size, num_classes=1000).eval() for name in models_run}
         with torch.inference_mode():
             per_model, faults = time_rounds({name: partial(model, x) for name, model in models.items()},
                                             args.repeats, args.warmup)
         flops = {name: count_flops(model, x) for name, model in models.items()}
-        for name in MODELS:
+        for name in args.profile:
+            with torch.inference_mode():
+                profiles.append((name, size, batch, profile_table(partial(models[name], x))))
+        for name in models_run:
             seconds = statistics.median(per_model[name])
             ratio, ratio_q1, ratio_q3 = paired_ratios(per_model[BASELINE], per_model[name])
-            rows.append(dict(model=name, size=size, batch=args.batch_size, seconds=seconds,
-                             images_per_s=args.batch_size / seconds, ratio_vs_vit=ratio,
+            rows.append(dict(model=name, size=size, batch=batch, seconds=seconds,
+                             images_per_s=batch / seconds, ratio_vs_vit=ratio,
                              ratio_iqr=[ratio_q1, ratio_q3], seconds_per_round=per_model[name],
                              page_faults_per_pass=statistics.median(faults[name]), gflops=flops[name] / 1e9,
                              flop_ceiling=flops[BASELINE] / flops[name]))
 
-    print(f'\nForward throughput, CPU ({platform.processor() or platform.machine()}, '
-          f'{torch.get_num_threads()} threads), batch {args.batch_size}, {args.repeats} rounds, '
+    print(f'\nForward throughput, {cpu_description()}, {torch.get_num_threads()} threads, {args.repeats} rounds, '
           f'torch {torch.__version__}, timm {timm.__version__}, malloc: {allocator}, '
-          f'PoPE CPU inference attention: {pope_cpu_path}\n')
-    print(f'| model | res | images/s | vs {BASELINE} (median [IQR] of per-round ratios) | FLOP ceiling | '
+          f'PoPE CPU inference attention: {pope_path}\n')
+    print(f'| model | res | batch | images/s | vs {BASELINE} (median [IQR] of per-round ratios) | FLOP ceiling | '
           f'page faults / pass | goal |')
-    print('|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|')
     for row in rows:
-        goal = GOALS.get(row['model'])
-        verdict = '' if goal is None else f">= {goal:.2f}x: {'met' if row['ratio_vs_vit'] >= goal else 'NOT met'}"
+        verdict = goal_verdict(GOALS, row['model'], row['size'], row['ratio_vs_vit'])
         q1, q3 = row['ratio_iqr']
-        print(f"| {row['model']} | {row['size']} | {row['images_per_s']:.1f} | "
+        print(f"| {row['model']} | {row['size']} | {row['batch']} | {row['images_per_s']:.1f} | "
               f"{row['ratio_vs_vit']:.3f}x [{q1:.3f}, {q3:.3f}] | {row['flop_ceiling']:.3f}x | "
               f"{row['page_faults_per_pass']:.0f} | {verdict} |")
+    for name, size, batch, table in profiles:
+        print(f'\nWhere the time goes: {name}, {size} px, batch {batch}, one forward pass (self CPU time)\n')
+        print(table)
     if args.json:
         args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, allocator=allocator,
-                                             pope_cpu_path=pope_cpu_path,
+                                             pope_cpu_path=pope_path, cpu=cpu_description(),
                                              glibc_tunables=os.environ.get('GLIBC_TUNABLES'), rows=rows), indent=2))
 
 

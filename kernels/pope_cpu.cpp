@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 namespace {
 
@@ -189,8 +190,21 @@ at::Tensor pope_cpu_attention(const at::Tensor& q, const at::Tensor& k, const at
 
 }  // namespace
 
+// The clone target_clones picks on this CPU: its resolver tests the same ISA levels, in the same order.
+std::string pope_cpu_isa() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+  return "x86-64";
+#else
+  return "native";  // one build for the compiler's default target, no clones
+#endif
+}
+
 TORCH_LIBRARY(vision_priors_cpu, m) {
   m.def("pope_attention(Tensor q, Tensor k, Tensor v, Tensor q_table, Tensor k_table, int logits_bytes) -> Tensor");
+  m.def("pope_isa", &pope_cpu_isa);
 }
 
 TORCH_LIBRARY_IMPL(vision_priors_cpu, CPU, m) { m.impl("pope_attention", &pope_cpu_attention); }

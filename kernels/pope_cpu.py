@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ['SOURCE', 'load_pope_cpu_op', 'pope_cpu_attention']
+__all__ = ['SOURCE', 'compiled_op_isa', 'load_pope_cpu_op', 'pope_cpu_attention']
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pope_cpu.cpp')
 # torch's extension cache keys builds by name and source hash, not by torch version: the version goes in
@@ -57,6 +57,14 @@ def load_pope_cpu_op() -> Optional[Callable[..., Tensor]]:
                     f'vision_priors: the compiled PoPE CPU attention ({SOURCE}) could not be built, so PoPE '
                     f'CPU inference uses the slower torch-op path. Cause: {_build_error[:500]}', RuntimeWarning)
     return _op
+
+
+def compiled_op_isa() -> Optional[str]:
+    """The instruction set of the op's code on this CPU: 'x86-64-v4' (AVX-512), 'x86-64-v3' (AVX2 + FMA),
+    'x86-64' (baseline) or 'native' (a compiler without target_clones); None where the op cannot be built."""
+    if load_pope_cpu_op() is None:
+        return None
+    return str(torch.ops.vision_priors_cpu.pope_isa())
 
 
 def pope_cpu_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor,

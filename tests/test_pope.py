@@ -214,6 +214,8 @@ def test_cpu_inference_path_matches_float64_reference(case, path, monkeypatch):
     dtype, function, atol = INFERENCE_PATHS[path]
     if path == 'compiled' and shutil.which('c++') is None and shutil.which('g++') is None:
         pytest.skip('no C++ compiler to build kernels/pope_cpu.cpp')
+    if path == 'compiled':  # the op's numerics on any CPU, also where dispatch prefers the twin for speed
+        monkeypatch.setattr(pope_module, 'compiled_op_is_faster_here', lambda: True)
     kwargs, num_tokens, coords_kind = INFERENCE_CASES[case]
     torch.manual_seed(8)
     layer = PopeAttention(**kwargs).to(dtype).eval()
@@ -280,3 +282,44 @@ def test_softplus_into_matches_softplus(dtype):
     assert torch.isfinite(result).all()
     eps = torch.finfo(dtype).eps
     torch.testing.assert_close(result, F.softplus(x.double(), threshold=1e9).to(dtype), rtol=2 * eps, atol=eps)
+
+
+@pytest.mark.parametrize('isa, capability, compiled', [('x86-64-v4', 'AVX512', True), ('x86-64-v3', 'AVX2', False),
+                                                       ('x86-64-v4', 'AVX2', False), ('x86-64', 'DEFAULT', False),
+                                                       (None, 'AVX512', False)])
+def test_dispatch_never_picks_the_compiled_op_where_it_is_slower(isa, capability, compiled, monkeypatch):
+    """Issue 16: the compiled op runs only for (op ISA, ATen capability) pairs where it beat the torch-op twin;
+    elsewhere (its AVX2 clone lost to ATen's AVX2 kernels) float32 CPU inference runs the twin."""
+    import vision_priors.layers.pope as pope_module
+    monkeypatch.setattr(pope_module, 'compiled_op_isa', lambda: isa)
+    monkeypatch.setattr(torch.backends.cpu, 'get_cpu_capability', lambda: capability)
+    assert pope_module.use_compiled_cpu_op(torch.float32) is compiled
+    calls = []
+    real_twin = pope_module.pope_cpu_inference_attention
+    monkeypatch.setattr(pope_module, 'pope_cpu_inference_attention', lambda *a: calls.append('twin') or real_twin(*a))
+    monkeypatch.setattr(pope_module, 'pope_cpu_attention', lambda *a: calls.append('compiled') or real_twin(*a[:5]))
+    layer = PopeAttention(32, 2, num_prefix_tokens=1, grid_size=(3, 3)).eval()
+    x = torch.randn(2, 10, 32)
+    with torch.inference_mode():
+        out = layer(x)
+    assert calls == ['compiled' if compiled else 'twin']
+    torch.testing.assert_close(out, layer(x).detach(), rtol=0, atol=2e-6)  # autograd on: the SDPA path
+
+
+def test_compiled_op_isa_follows_the_cpu_flags():
+    """The op reports the clone its resolver picks; it must agree with the kernel's view of the CPU."""
+    import os
+    from vision_priors.kernels.pope_cpu import compiled_op_isa
+    isa = compiled_op_isa()
+    if isa is None:
+        pytest.skip('kernels/pope_cpu.cpp cannot be built here')
+    assert isa in ('x86-64-v4', 'x86-64-v3', 'x86-64', 'native')
+    if not os.path.exists('/proc/cpuinfo') or isa == 'native':
+        return
+    with open('/proc/cpuinfo') as f:
+        flags = set(next(line for line in f if line.startswith('flags')).split(':', 1)[1].split())
+    has_v4 = {'avx512f', 'avx512bw', 'avx512cd', 'avx512dq', 'avx512vl', 'avx2', 'fma'} <= flags
+    has_v3 = {'avx2', 'fma', 'bmi1', 'bmi2', 'f16c', 'movbe'} <= flags
+    assert (isa == 'x86-64-v4') == has_v4
+    if not has_v4:
+        assert (isa == 'x86-64-v3') == has_v3

@@ -24,7 +24,7 @@ from torch.jit import Final
 from timm.layers.attention import resolve_self_attn_mask
 
 from vision_priors.kernels._backend import check_key_mask, requested_backend
-from vision_priors.kernels.pope_cpu import DEFAULT_LOGITS_BYTES, load_pope_cpu_op, pope_cpu_attention
+from vision_priors.kernels.pope_cpu import DEFAULT_LOGITS_BYTES, compiled_op_isa, pope_cpu_attention
 
 from .coords import check_mask_args, resolve_token_coords
 from .kernel_dispatch import (check_kernel_backend, kernel_key_mask, key_mask_to_attn_mask, tracing_or_compiling,
@@ -35,7 +35,7 @@ torch.fx.wrap('check_mask_args')
 torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['PopePhases', 'PopeAttention', 'wrap_phase_bias', 'pope_cpu_inference_attention',
-           'cpu_inference_attention', 'use_compiled_cpu_op']
+           'cpu_inference_attention', 'compiled_op_is_faster_here', 'use_compiled_cpu_op']
 
 
 def wrap_phase_bias(raw: Tensor) -> Tensor:
@@ -211,11 +211,26 @@ def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tenso
     return out
 
 
+# (compiled op's ISA, ATen's CPU capability) pairs where the compiled op beats its torch-op twin, measured per
+# ISA on one ViT-S layer's shapes (197 / 577 / 2,305 tokens, issue 16): AVX-512 clone vs ATen AVX-512 1.27-1.36x
+# faster; AVX2 + FMA clone vs ATen AVX2 (MKL_ENABLE_INSTRUCTIONS=AVX2) 0.70-0.91x, i.e. slower, so not listed.
+COMPILED_OP_FASTER_ON = frozenset({('x86-64-v4', 'AVX512')})
+
+
+@torch.jit.unused
+def compiled_op_is_faster_here() -> bool:
+    """Whether this CPU runs the compiled op's code for an ISA where it was measured faster than the torch-op
+    twin (``COMPILED_OP_FASTER_ON``): False where the op cannot be built or its ISA lost to ATen's kernels."""
+    isa = compiled_op_isa()
+    return isa is not None and (isa, torch.backends.cpu.get_cpu_capability()) in COMPILED_OP_FASTER_ON
+
+
 @torch.jit.unused
 def use_compiled_cpu_op(dtype: torch.dtype, kernel_backend: str = 'auto') -> bool:
     """Whether CPU inference runs the compiled op (``kernels/pope_cpu.cpp``): float32, a backend other than
-    'torch' (argument or ``VISION_PRIORS_KERNELS``), and an op that builds here."""
-    return dtype == torch.float32 and requested_backend(kernel_backend) != 'torch' and load_pope_cpu_op() is not None
+    'torch' (argument or ``VISION_PRIORS_KERNELS``), an op that builds here and a CPU where it beats its
+    torch-op twin (:func:`compiled_op_is_faster_here`; elsewhere the twin runs)."""
+    return dtype == torch.float32 and requested_backend(kernel_backend) != 'torch' and compiled_op_is_faster_here()
 
 
 @torch.jit.unused
