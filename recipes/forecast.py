@@ -17,10 +17,11 @@ Informer does (``ETTh*`` files 12 / 4 / 4 months, ``ETTm*`` x 4, others 70 / 10 
 on the training rows; windows ``seq_len`` / ``label_len`` / ``pred_len``; time features ``timeenc=1``), or
 nothing: a generated ETT-format CSV (20 months, hourly; written once to ``--builtin-root``).
 
-Published-figure comparison on the real ETTh1 (multivariate), CPU-sized (the README's table):
+Published-figure comparison on the real ETTh1 (multivariate), CPU-sized (the README's table: the
+``informer_cpu`` configuration, d_model 64, one epoch; about 23 min on two shared cores):
 
   vision-priors forecast compare --data ../shared/data/ett/ETTh1.csv --features M --pred-lens 24 48 168 \\
-      --seeds 0 1 --epochs 2 --threads 2 --out outputs/forecast
+      --seeds 0 1 --epochs 1 --threads 1 --out outputs/forecast
 
 Informer's full size (d_model 512, 6 epochs, patience 3), e.g. on a GPU:
 
