@@ -8,7 +8,8 @@ Commands (``vision-priors lm COMMAND --help`` explains every option):
   train     train LMs, one per --methods x --seeds, one budget (accelerate, verified checkpoints, exact
             --resume, validation loss every --eval-every updates with the best weights in RUN/best).
   ppl       perplexity of trained runs at 1x, 2x, 4x, 8x the training length, full context (each window is
-            one forward pass, no sliding), mean over every predicted byte; table, JSON, plot.
+            one forward pass, no sliding), mean over every predicted byte of the same validation text at every
+            length (shorter lengths use proportionally more windows); table, JSON, plot.
   passkey   fine-tune each run briefly on passkey prompts at the training length (answer digits only), then
             test at 1x..8x and several depths: digit accuracy and exact match; table, JSON, heatmap PNG.
   index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items.
@@ -85,7 +86,9 @@ def add_eval_args(p: argparse.ArgumentParser, what: Sequence[str]) -> None:
         g.add_argument('--multiples', type=cli.positive_int, nargs='+', default=[1, 2, 4, 8],
                        help='evaluation lengths as multiples of the training length')
     if 'ppl' in what:
-        g.add_argument('--eval-windows', type=cli.positive_int, default=16, help='validation windows per length')
+        g.add_argument('--eval-windows', type=cli.positive_int, default=16,
+                       help='validation windows at the longest length; a length m times shorter uses m times as many, '
+                            'so every length scores (nearly) the same validation bytes')
     if 'passkey' in what:
         g.add_argument('--passkey-updates', type=cli.positive_int, default=100, help='passkey fine-tuning updates')
         g.add_argument('--passkey-lr', type=cli.positive_float, default=1e-3, help='passkey fine-tuning peak lr')
@@ -353,8 +356,9 @@ def run_ppl(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any
         length = config['data']['train_length']
         split = corpus(config['data'])
         row = dict(run=str(run), attn=config['attn'], seed=config['seed'], train_length=length, ppl={})
-        for multiple in args.multiples:
-            windows = eval_windows(split.val_blocks, length * multiple, args.eval_windows)
+        longest = max(args.multiples)
+        for multiple in args.multiples:  # the same validation bytes at every length: more, shorter windows
+            windows = eval_windows(split.val_blocks, length * multiple, args.eval_windows * longest // multiple)
             row['ppl'][str(multiple)] = perplexity(model, windows, args.eval_batch_size, device)
         print(f"{config['attn']} seed={config['seed']}: ppl " + ', '.join(
             f"{m}x {row['ppl'][str(m)]['ppl']:.3f}" for m in args.multiples))
@@ -477,19 +481,27 @@ def passkey_table(table: Dict[str, Any]) -> str:
 
 
 def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
-    """Exact-match heatmap (length x depth), one panel per method."""
-    fig, axes = figure(1, len(table), size=(2.6 * len(table) + 1, 3.2))
-    for ax, (attn, t) in zip(axes[0], table.items()):
+    """Length x depth heatmaps, one column per method: key-digit accuracy (top) and exact match (bottom),
+    each cell annotated with its mean over seeds."""
+    fig, axes = figure(2, len(table), size=(2.4 * len(table) + 1.2, 5.6))
+    for col, (attn, t) in enumerate(table.items()):
         multiples = list(dict.fromkeys(c['multiple'] for c in t['cells'].values()))
         depths = list(dict.fromkeys(c['depth'] for c in t['cells'].values()))
-        grid = np.array([[t['cells'][f'{m}x@{d:g}']['exact_match']['mean'] for m in multiples] for d in depths])
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap='viridis', aspect='auto', origin='lower')
-        ax.set_xticks(range(len(multiples)), [f'{m}x' for m in multiples])
-        ax.set_yticks(range(len(depths)), [f'{d:g}' for d in depths])
-        ax.set_xlabel('length / training length')
-        ax.set_title(attn, fontsize=9)
-    axes[0][0].set_ylabel('key depth')
-    fig.colorbar(image, ax=axes[0][-1], label='exact match')
+        for row, metric in enumerate(('digit_accuracy', 'exact_match')):
+            ax = axes[row][col]
+            grid = np.array([[t['cells'][f'{m}x@{d:g}'][metric]['mean'] for m in multiples] for d in depths])
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap='viridis', aspect='auto', origin='lower')
+            for (y, x), value in np.ndenumerate(grid):
+                ax.text(x, y, f'{value:.2f}', ha='center', va='center', fontsize=7,
+                        color='white' if value < 0.6 else 'black')
+            ax.set_xticks(range(len(multiples)), [f'{m}x' for m in multiples])
+            ax.set_yticks(range(len(depths)), [f'{d:g}' for d in depths])
+            ax.set_title(f'{attn}: {metric.replace("_", " ")}', fontsize=8)
+            if col == 0:
+                ax.set_ylabel('key depth')
+            if row == 1:
+                ax.set_xlabel('length / train length')
+    fig.colorbar(image, ax=axes[1][-1])
     fig.suptitle(title, fontsize=9)
     return save_figure(fig, path)
 

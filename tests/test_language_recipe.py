@@ -35,9 +35,17 @@ def test_train_kill_resume_equals_uninterrupted_then_ppl(tmp_path):
     row = result['rows'][0]
     assert row['attn'] == 'pope' and set(row['ppl']) == {'1', '3'}
     assert row['ppl']['3']['tokens'] == 2 * 288 and 1 < row['ppl']['1']['ppl'] < 256 * 2  # full 3x windows
+    assert row['ppl']['1']['tokens'] == 6 * 96  # the same validation bytes at every length
     saved = json.loads((tmp_path / 'ppl' / 'results.json').read_text())
     assert saved['seeds'] == [0] and 'ppl @ 288 (3x)' in saved['table_markdown']
     assert (tmp_path / 'ppl' / 'lm_ppl_vs_length.png').stat().st_size > 5000
+    result = recipe.main(['passkey', str(full / 'pope' / 'seed0'), '--passkey-updates', '2', '--multiples', '1', '2',
+                          '--depths', '0.5', '--passkey-samples', '2', '--cpu', '--batch-size', '2',
+                          '--out', str(tmp_path / 'pk')])
+    cells = result['rows'][0]['cells']
+    assert set(cells) == {'1x@0.5', '2x@0.5'} and all(0 <= c['digit_accuracy'] <= 1 for c in cells.values())
+    assert (tmp_path / 'pk' / 'pope' / 'seed0' / 'config.json').exists()  # the fine-tuning is a run of its own
+    assert (tmp_path / 'pk' / 'lm_passkey_heatmap.png').stat().st_size > 5000
 
 
 class KnownNextByte(torch.nn.Module):
