@@ -61,6 +61,10 @@ method changes (``--method``): nope, rope (1D over the sequence index, timm's ro
 (2D axis-wise prior on canonical coordinates, text at (c + t, c + t)), pope (2D phases likewise).
 Image tokens attend bidirectionally among themselves (``--image-attention prefix``, default), so goat,
 pope and nope are exactly invariant to the scan order (tested); ``causal`` is available.
+``--arch fusion`` (``compare --archs single fusion``) swaps the single transformer for a timm ViT image
+encoder (goat, pope or lavo, by name) and a question decoder whose blocks cross-attend to the image tokens
+(``--cross-attn softmax | lavo``; ``vision_priors.models.spatial_vqa_fusion``); runs are labelled
+``<method>-fusion-<cross-attn>``.
 ``--prior-lr-scale`` (default 1) multiplies the learning rate of the positional-prior parameters (GOAT
 alpha, beta, key default; PoPE delta; rope / nope have none): GOAT's prior starts at zero (uniform) and
 its O(1) coefficients move by at most about lr per Adam step, which makes short runs slow to leave the
@@ -101,6 +105,8 @@ from timm.optim import create_optimizer_v2, param_groups_weight_decay
 
 from vision_priors.layers.goat import PRIOR_INITS
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
+from vision_priors.models.multimodal import CROSS_ATTENTIONS
+from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, SpatialVQAFusion
 
 from . import cli
 from .data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, ORDER_NAMES, POSITION_BLIND_ACCURACY,
@@ -113,6 +119,21 @@ from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep
 
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
+ARCHS = ('single', 'fusion')  # one transformer over image + text, or image encoder + cross-attending decoder
+
+
+def model_name(method: str, arch: str = 'single', cross_attn: str = 'softmax') -> str:
+    """Run / table label: the method for the single-stream model, '<method>-fusion-<cross_attn>' otherwise."""
+    return method if arch == 'single' else f'{method}-fusion-{cross_attn}'
+
+
+def parse_model_name(name: str) -> tuple:
+    """(method, arch, cross_attn) of a ``model_name`` label."""
+    if '-fusion-' in name:
+        method, cross_attn = name.split('-fusion-')
+        return method, 'fusion', cross_attn
+    return name, 'single', None
+
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -172,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser, add_command = cli.command_parser('vision-priors vqa', __doc__)
     p = add_command('train', 'train one positional method')
     p.add_argument('--method', choices=POS_METHODS, default='goat', help='how position enters attention')
+    p.add_argument('--arch', choices=ARCHS, default='single',
+                   help='single: one transformer over image + question tokens; fusion: a timm ViT image encoder '
+                        f'(--method in {FUSION_METHODS}) and a question decoder cross-attending to the image tokens')
+    p.add_argument('--cross-attn', choices=CROSS_ATTENTIONS, default='softmax',
+                   help='fusion only: the decoder\'s cross-attention (softmax, or LAVO: linear in image tokens)')
     add_training_args(p, sweep=False)
     p = add_command('eval', 'evaluate run folders on seen and unseen scan orders')
     p.add_argument('runs', nargs='+', help='run folders, their checkpoint folders or their best/ folders')
@@ -181,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_device_flags(p, batch_size=64)
     p = add_command('compare', 'train + eval several methods over seeds')
     p.add_argument('--methods', nargs='+', choices=POS_METHODS, default=list(POS_METHODS))
+    p.add_argument('--archs', nargs='+', choices=ARCHS, default=['single'],
+                   help='architectures to compare; fusion runs one model per --cross-attns entry')
+    p.add_argument('--cross-attns', nargs='+', choices=CROSS_ATTENTIONS, default=list(CROSS_ATTENTIONS),
+                   help='fusion cross-attentions to compare')
     add_training_args(p, sweep=True)
     return parser
 
@@ -190,6 +220,12 @@ def validate(args: argparse.Namespace) -> None:
     if args.command == 'eval':
         return
     check_patch_size(args.patch_size)
+    fusion = args.arch == 'fusion' if args.command == 'train' else 'fusion' in args.archs
+    methods = [args.method] if args.command == 'train' else args.methods
+    if fusion and any(m not in FUSION_METHODS for m in methods):
+        raise ValueError(f'--arch fusion needs --method(s) in {FUSION_METHODS} (the ViT image encoder), got {methods}')
+    if fusion and args.image_attention != 'prefix':
+        raise ValueError('--arch fusion encodes the image bidirectionally: --image-attention must be prefix')
     check_orders(args.train_orders, args.test_orders, (SCENE_SIZE // args.patch_size,) * 2)
 
 
@@ -205,19 +241,24 @@ def data_config(args: argparse.Namespace) -> Dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------- model
 
-def model_config(args: argparse.Namespace, method: str, vocab_size: int) -> Dict[str, Any]:
+def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[str, Any]:
+    """The model's constructor arguments for the ``model_name`` label ``name``."""
+    method, arch, cross_attn = parse_model_name(name)
     grid = SCENE_SIZE // args.patch_size
-    return dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
-                grid_size=[grid, grid], question_len=QUESTION_LEN, embed_dim=args.embed_dim, depth=args.depth,
-                num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, image_attention=args.image_attention,
-                goat_modes=args.goat_modes, drop_path_rate=args.drop_path,
-                goat_kwargs=dict(prior_init=args.goat_prior_init))
+    cfg = dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
+               grid_size=[grid, grid], question_len=QUESTION_LEN, embed_dim=args.embed_dim, depth=args.depth,
+               num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, goat_modes=args.goat_modes,
+               drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=args.goat_prior_init))
+    if arch == 'fusion':
+        return dict(cfg, arch='fusion', cross_attn=cross_attn)
+    return dict(cfg, image_attention=args.image_attention)
 
 
-def build_model(cfg: Dict[str, Any]) -> SpatialVQATransformer:
+def build_model(cfg: Dict[str, Any]) -> nn.Module:
     kwargs = dict(cfg)
     kwargs['grid_size'] = tuple(kwargs['grid_size'])
-    return SpatialVQATransformer(kwargs.pop('pos_method'), **kwargs)
+    model_cls = SpatialVQAFusion if kwargs.pop('arch', 'single') == 'fusion' else SpatialVQATransformer
+    return model_cls(kwargs.pop('pos_method'), **kwargs)
 
 
 def make_optimizer(model: SpatialVQATransformer, args: argparse.Namespace) -> torch.optim.Optimizer:
@@ -453,13 +494,15 @@ def dispatch(args: argparse.Namespace) -> Dict[str, Any]:
     """Run the parsed ``train`` / ``eval`` / ``compare`` command; returns its result (checkpoint or report)."""
     out = Path(args.out)
     if args.command == 'train':
-        ckpt = run_train(args, args.method, args.seed, out, args.resume)
+        ckpt = run_train(args, model_name(args.method, args.arch, args.cross_attn), args.seed, out, args.resume)
         print(f'checkpoint: {ckpt}')
         return dict(checkpoint=str(ckpt))
     if args.command == 'eval':
         rows = run_eval(args, args.runs, dict(data=args.data, test_scenes=args.test_scenes))
         return report(rows, args, out, 'evaluation')
-    runs = sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods')
+    names = [model_name(m, arch, c) for m in args.methods for arch in args.archs
+             for c in (args.cross_attns if arch == 'fusion' else ['softmax'])]
+    runs = sweep_folders(out, names, args.seeds, args.resume, flag='--methods')
     for method, seed, run_dir in runs:
         run_train(args, method, seed, run_dir, resume_flag(args.resume, run_dir))
     rows = run_eval(args, [str(run_dir) for _, _, run_dir in runs], {})

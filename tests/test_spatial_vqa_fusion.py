@@ -1,0 +1,134 @@
+"""Spatial VQA fusion variant (``--arch fusion``): scan-order invariance, independent questions, timm
+conventions, errors, and the recipe end to end (train / kill / resume bit for bit / eval / compare of both
+architectures). The blocks themselves are tested in tests/test_multimodal_blocks.py."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vision_priors.layers import grid_coords
+from vision_priors.models.multimodal import CROSS_ATTENTIONS
+from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, SpatialVQAFusion
+from vision_priors.recipes import spatial_vqa as recipe
+from vision_priors.recipes.checkpoints import latest_checkpoint
+from vision_priors.recipes.data.vqa_scenes import scan_order
+
+TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size', '16', '--goat-modes', '1',
+        '--synthetic-per-class', '6', '3', '--train-scenes', '32', '--test-scenes', '8', '--batch-size', '8',
+        '--cpu', '--threads', '1']
+
+
+def _model(method: str, cross_attn: str, seed: int = 0) -> SpatialVQAFusion:
+    torch.manual_seed(seed)
+    model = SpatialVQAFusion(method, vocab_size=12, patch_dim=6, grid_size=(4, 4), embed_dim=48, depth=2,
+                             num_heads=2, cross_attn=cross_attn, goat_kwargs=dict(prior_init='random', init_seed=seed))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'rel_bias' in name:
+                p.normal_(0, 1)  # LAVO's relative position bias starts at zero (position-blind)
+    return model.double().eval()
+
+
+def _data(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    content = torch.randn(2, 16, 6, generator=g, dtype=torch.float64)  # row-major patches
+    text = torch.randint(0, 12, (2, 3, 3), generator=g)
+    return content, grid_coords((4, 4), dtype=torch.float64), text
+
+
+@pytest.mark.parametrize('method', FUSION_METHODS)
+def test_answers_ignore_the_scan_order_but_not_the_layout(method, one_thread):
+    """Canonical coordinates (and, for LAVO, the grid order rebuilt from them): the same scene in any scan order
+    gives the same answers; the same contents at other places (a different scene) do not."""
+    content, coords, text = _data()
+    for cross_attn in CROSS_ATTENTIONS:
+        model = _model(method, cross_attn)
+        ref = model(content, coords, text)
+        for orders in (['hilbert', 'spiral'], ['reverse', 'quad_col']):
+            perms = torch.stack([torch.from_numpy(scan_order(o, (4, 4))) for o in orders])
+            patches = torch.stack([content[b, perms[b]] for b in range(2)])
+            torch.testing.assert_close(model(patches, coords[perms], text), ref, rtol=0, atol=1e-10)
+        moved = content[:, torch.from_numpy(scan_order('hilbert', (4, 4)))]
+        assert (model(moved, coords, text) - ref).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize('cross_attn', CROSS_ATTENTIONS)
+def test_questions_are_independent_and_checkpointing_is_exact(cross_attn, one_thread):
+    """Changing one question never changes another's answer; grad checkpointing gives the same values and
+    gradients (timm's ``set_grad_checkpointing``)."""
+    model = _model('goat', cross_attn)
+    content, coords, text = _data(1)
+    out = model(content, coords, text)
+    other = text.clone()
+    other[:, 1] = (other[:, 1] + 5) % 12
+    changed = model(content, coords, other)
+    torch.testing.assert_close(changed[:, [0, 2]], out[:, [0, 2]], rtol=0, atol=1e-12)
+    assert (changed[:, 1] - out[:, 1]).abs().max() > 1e-6
+    patches = content.clone().requires_grad_(True)
+    grads = []
+    for enable in (False, True):
+        model.set_grad_checkpointing(enable)
+        y = model(patches, coords, text)
+        grads.append(torch.autograd.grad(y.square().sum(), [patches] + list(model.parameters()), allow_unused=True))
+        torch.testing.assert_close(y, out, rtol=0, atol=0)
+    for a, b in zip(*grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_model_errors(one_thread):
+    with pytest.raises(ValueError, match=r"pos_method must be one of \('goat', 'pope', 'lavo'\)"):
+        SpatialVQAFusion('rope', vocab_size=12, patch_dim=6, grid_size=(4, 4))
+    with pytest.raises(ValueError, match='cross_attn must be one of'):
+        SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), cross_attn='linear')
+    content, coords, text = _data()
+    model = _model('lavo', 'lavo')
+    with pytest.raises(ValueError, match='coords must be a permutation of the 4x4 grid'):
+        model(content, coords + 0.5, text)
+    with pytest.raises(ValueError, match=r'patches have shape \(2, 15, 6\)'):
+        model(content[:, :15], coords[:15], text)
+    with pytest.raises(ValueError, match=r'text has shape \(2, 3, 2\)'):
+        model(content, coords, text[..., :2])
+
+
+def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
+    with pytest.raises(ValueError, match=r'--arch fusion needs --method\(s\) in'):
+        recipe.main(['train', '--arch', 'fusion', '--method', 'rope', '--out', str(tmp_path / 'r'), *TINY])
+    with pytest.raises(ValueError, match='--image-attention must be prefix'):
+        recipe.main(['compare', '--methods', 'goat', '--archs', 'fusion', '--image-attention', 'causal',
+                     '--out', str(tmp_path / 'r'), *TINY])
+    with pytest.raises(SystemExit):
+        recipe.main(['train', '--arch', 'fusion', '--cross-attn', 'linear'])
+    assert not (tmp_path / 'r').exists()
+
+
+def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
+    common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', *TINY, '--updates', '4',
+              '--checkpoint-every', '2', '--seed', '1']
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    recipe.main([*common, '--out', str(full)])
+    recipe.main([*common, '--out', str(killed), '--stop-after', '2'])
+    recipe.main([*common, '--out', str(killed), '--resume'])
+    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
+    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
+    assert a.keys() == b.keys() and any(k.startswith('decoder_blocks.0.cross_attn.') for k in a)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    config = json.loads((full / 'config.json').read_text())
+    assert config['method'] == 'pope-fusion-lavo'
+    assert config['model']['arch'] == 'fusion' and config['model']['cross_attn'] == 'lavo'
+
+    recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
+    row = json.loads((tmp_path / 'eval' / 'results.json').read_text())['rows'][0]
+    assert row['method'] == 'pope-fusion-lavo' and row['seen']['n'] == 8 * 4
+    assert row['seen']['acc'] == row['unseen']['acc']  # the fusion model ignores the scan order (paired scenes)
+
+    cmp = tmp_path / 'compare'
+    recipe.main(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', '--seeds', '0', *TINY,
+                 '--updates', '1', '--out', str(cmp)])
+    results = json.loads((cmp / 'results.json').read_text())
+    assert list(results['summary']) == ['goat', 'goat-fusion-softmax', 'goat-fusion-lavo']
+    assert results['config']['archs'] == ['single', 'fusion']
+    assert '| goat-fusion-lavo |' in results['table_markdown']
