@@ -248,10 +248,11 @@ def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh
     # keys outside the grid (halo padding) or masked out
     key_ok = torch.ones(1, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
     key_ok = _halo_tiles(key_ok[:, None, :, None].to(q.dtype), gh, gw, tile, halo)[:, 0, :, :, 0] > 0.5
-    key_bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill(~key_ok, neg)
+    # static + key part, (B or 1, T, tile^2, span^2): added to the scores in one pass
+    bias_all = static + torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill(~key_ok, neg)[:, :, None]
 
     tq = _tiles(q * scale, gh, gw, tile)  # (B, H, T, tile^2, d)
-    s = tq @ _halo_tiles(k, gh, gw, tile, halo).transpose(-1, -2) + static + key_bias[:, None, :, None, :]
+    s = tq @ _halo_tiles(k, gh, gw, tile, halo).transpose(-1, -2) + bias_all[:, None]
     p = s.softmax(dim=-1)
     if valid is not None:  # queries without any valid key get 0, not a uniform average
         p = p * (in_window[None, None] & key_ok[:, :, None, :]).any(dim=-1, keepdim=True)[:, None]
