@@ -4,7 +4,10 @@ equations, the context mask, the all-masked sample, timm conventions, TorchScrip
 Tolerances: float64 everywhere; the fast paths (SDPA, LAVO's factorised CODE ops) and the dense references
 sum in different orders, so forward and gradients agree to rtol = atol = 1e-10.
 """
+import importlib.util
+import sys
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +208,21 @@ def test_errors_name_the_argument(one_thread):
     with pytest.raises(ValueError, match='built non-causal'):
         lavo(x.float(), context.float(), is_causal=True)
 
+
+
+def test_fusion_cross_attention_benchmark_smoke_run(one_thread, capsys):
+    """The benchmark runs both cross paths end to end and prints its table (timings are not asserted)."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / 'benchmarks'))
+    try:
+        spec = importlib.util.spec_from_file_location('bench_fusion', root / 'benchmarks' / 'bench_fusion_cross_attention.py')
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(root / 'benchmarks'))
+    rows = bench.main(['--tokens', '8', '1024', '--queries', '3', '--batch', '1', '--dim', '32', '--heads', '2',
+                       '--repeats', '1'])
+    assert [r['M'] for r in rows] == [8, 1024]
+    assert all(r[f'{c}_{m}_s'] > 0 for r in rows for c in CROSS_ATTENTIONS for m in ('fwd', 'fwdbwd'))
+    out = capsys.readouterr().out
+    assert '| 1024 |' in out and 'from 1,024 image tokens on:' in out
