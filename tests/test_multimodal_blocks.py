@@ -200,7 +200,7 @@ def test_errors_name_the_argument(one_thread):
             block(x, context, context_mask=mask.double())
         with pytest.raises(ValueError, match=r'mask must be a bool tensor of shape \(B, L\) = \(3, 11\)'):
             block(x, context, context_mask=mask[:, :5])
-        with pytest.raises(ValueError, match='context'):
+        with pytest.raises(ValueError, match=r'context must be \(B, n, (context_dim|40)\)'):
             block(x, context[:, :, :7])
     lavo = create_cross_block('lavo', DIM, HEADS, num_spatial_dims=1, causal=False)
     with pytest.raises(ValueError, match='accepts no attn_mask'):

@@ -73,6 +73,9 @@ class SoftmaxCrossAttention(VanillaCrossAttention):
         """x (B, m, C) attends to context (B, n, context_dim); ``key_mask`` (B, n) bool, True = valid token."""
         b, m, n = x.shape[0], x.shape[1], context.shape[1]
         if context.dim() != 3 or context.shape[0] != b or context.shape[2] != self.context_dim:
+            if not torch.jit.is_scripting():
+                raise ValueError(f'context must be (B, n, context_dim) = ({b}, n, {self.context_dim}), '
+                                 f'got {tuple(context.shape)}')
             raise ValueError('context must be (B, n, context_dim) with the batch size of x')
         check_key_mask(key_mask, b, n, 'context_mask', device=x.device)
         h, d = self.num_heads, self.head_dim
