@@ -23,7 +23,15 @@
 
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// VP_PIN_X86_64_V3 / VP_PIN_X86_64_V4 (VISION_PRIORS_POPE_CPU_ISA in pope_cpu.py): one ISA only, to time
+// the AVX2 + FMA code on an AVX-512 machine.
+#if defined(VP_PIN_X86_64_V3)
+#define VP_MULTIVERSION __attribute__((target("arch=x86-64-v3")))
+#define VP_PINNED_ISA "x86-64-v3"
+#elif defined(VP_PIN_X86_64_V4)
+#define VP_MULTIVERSION __attribute__((target("arch=x86-64-v4")))
+#define VP_PINNED_ISA "x86-64-v4"
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define VP_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define VP_MULTIVERSION
@@ -192,7 +200,9 @@ at::Tensor pope_cpu_attention(const at::Tensor& q, const at::Tensor& k, const at
 
 // The clone target_clones picks on this CPU: its resolver tests the same ISA levels, in the same order.
 std::string pope_cpu_isa() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(VP_PINNED_ISA)
+  return VP_PINNED_ISA;
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
   if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";

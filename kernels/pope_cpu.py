@@ -28,6 +28,9 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pope_cpu.cpp'
 # torch's extension cache keys builds by name and source hash, not by torch version: the version goes in
 # the name so that an upgraded torch builds afresh instead of loading a library built against another ABI
 EXTENSION_NAME = 'vision_priors_pope_cpu_' + re.sub(r'\W', '_', torch.__version__)
+# VISION_PRIORS_POPE_CPU_ISA=x86-64-v3 (or x86-64-v4) builds the op for that ISA only instead of runtime clones:
+# a measuring aid (time the AVX2 + FMA code on an AVX-512 CPU); the CPU must support the ISA.
+PINNED_ISAS = {'x86-64-v3': '-DVP_PIN_X86_64_V3', 'x86-64-v4': '-DVP_PIN_X86_64_V4'}
 
 # logits kept per matmul: about one core's L2 cache (the torch-op twin uses the same budget)
 DEFAULT_LOGITS_BYTES = 2 ** 21
@@ -47,8 +50,13 @@ def load_pope_cpu_op() -> Optional[Callable[..., Tensor]]:
         if _op is None and _build_error is None:
             try:
                 from torch.utils import cpp_extension
+                pinned = os.environ.get('VISION_PRIORS_POPE_CPU_ISA', '')
+                if pinned and pinned not in PINNED_ISAS:
+                    raise ValueError(f'VISION_PRIORS_POPE_CPU_ISA must be one of {sorted(PINNED_ISAS)}, got {pinned!r}')
+                flags = [PINNED_ISAS[pinned]] if pinned else []
                 cpp_extension.load(
-                    name=EXTENSION_NAME, sources=[SOURCE], extra_cflags=['-O3', '-fopenmp'],
+                    name=EXTENSION_NAME + (f'_{pinned.replace("-", "_")}' if pinned else ''), sources=[SOURCE],
+                    extra_cflags=['-O3', '-fopenmp'] + flags,
                     extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False)
                 _op = torch.ops.vision_priors_cpu.pope_attention
             except Exception as exc:  # no compiler, no ninja, no OpenMP: keep the torch-op path

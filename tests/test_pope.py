@@ -323,3 +323,15 @@ def test_compiled_op_isa_follows_the_cpu_flags():
     assert (isa == 'x86-64-v4') == has_v4
     if not has_v4:
         assert (isa == 'x86-64-v3') == has_v3
+
+
+def test_pinned_isa_setting_is_checked(monkeypatch):
+    """A wrong VISION_PRIORS_POPE_CPU_ISA is named in the warning and the layers keep the torch-op twin."""
+    from vision_priors.kernels import pope_cpu
+    import vision_priors.layers.pope as pope_module
+    monkeypatch.setattr(pope_cpu, '_op', None)
+    monkeypatch.setattr(pope_cpu, '_build_error', None)
+    monkeypatch.setenv('VISION_PRIORS_POPE_CPU_ISA', 'avx9')
+    with pytest.warns(RuntimeWarning, match="VISION_PRIORS_POPE_CPU_ISA must be one of .*got 'avx9'"):
+        assert pope_cpu.load_pope_cpu_op() is None
+    assert pope_cpu.compiled_op_isa() is None and not pope_module.use_compiled_cpu_op(torch.float32)
