@@ -9,7 +9,9 @@ of the torch-op version (``./run.sh bench pope_cpu_attention`` times all three p
 It is built on first use with ``torch.utils.cpp_extension`` (a C++ compiler with OpenMP and ``ninja``;
 about 15 s, then cached under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it
 cannot be built, :func:`load_pope_cpu_op` warns once and returns None and the layers keep the torch-op
-path; ``VISION_PRIORS_KERNELS=torch`` (or ``kernel_backend='torch'``) skips it altogether.
+path; ``VISION_PRIORS_KERNELS=torch`` (or ``kernel_backend='torch'``) skips it altogether. The layers also skip
+it on CPUs where its code lost to the torch-op twin (``vision_priors.layers.pope.COMPILED_OP_FASTER_ON``:
+it wins with AVX-512, loses with AVX2 + FMA); :func:`compiled_op_isa` says which code this CPU runs.
 """
 from __future__ import annotations
 

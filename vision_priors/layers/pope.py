@@ -172,7 +172,8 @@ def pope_cpu_inference_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tenso
     """PoPE attention for CPU inference in torch ops, one sample's features and one head's logits at a time.
 
     The twin and reference of the compiled op ``kernels/pope_cpu.cpp`` (same signature), and what
-    ``cpu_inference_attention`` runs where that op is not used (non-float32, backend 'torch', no build).
+    ``cpu_inference_attention`` runs where that op is not used (non-float32, backend 'torch', no build, or a
+    CPU where the op's code is slower than this twin: ``COMPILED_OP_FASTER_ON``).
 
     CPU SDPA's fused kernel needs equal q / k / v widths, so the SDPA path pads v from d to 2d (and
     pays for it in the second matmul) and materialises the width-2d features of the whole batch. Here
@@ -262,8 +263,9 @@ class PopeAttention(nn.Module):
             on the pre-softplus q, k.
         fused_attn: Use the fused path rather than the dense one: the Triton kernel (CUDA), one SDPA
             call, or, for CPU inference without a mask, ``cpu_inference_attention`` (same result, v kept
-            at width d, cache-sized logits; the compiled C++ op for float32).
-        kernel_backend: 'auto' (Triton kernel on CUDA tensors, compiled op for CPU inference), 'triton'
+            at width d, cache-sized logits; the compiled C++ op for float32 where it is the faster one).
+        kernel_backend: 'auto' (Triton kernel on CUDA tensors, compiled op for CPU inference where
+            :func:`compiled_op_is_faster_here`), 'triton'
             or 'torch' (SDPA, and torch ops for CPU inference); the ``VISION_PRIORS_KERNELS``
             environment variable overrides 'auto'.
     """
