@@ -138,23 +138,29 @@ _TORCH_TILE_M = 4096
 
 def _sq_dist(x: Tensor, y: Tensor) -> Tensor:
     """(B, n, m) squared distances ``sum_k (x_k - y_k)^2``, coordinate by coordinate (as the kernel)."""
-    d2 = (x[:, :, None, 0] - y[:, None, :, 0]) ** 2
+    d2 = x[:, :, None, 0] - y[:, None, :, 0]
+    d2.mul_(d2)
     for k in range(1, x.shape[-1]):
-        d2 = d2 + (x[:, :, None, k] - y[:, None, :, k]) ** 2
+        diff = x[:, :, None, k] - y[:, None, :, k]
+        d2.add_(diff.mul_(diff))  # square, then add: no fused multiply-add, the kernel's and reference's rounding
     return d2
 
 
 @torch.no_grad()
-def _nn_search_torch(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tensor:
-    """Index (int64, -1 if none) of each x's nearest valid y, tile by tile in bounded memory; first index
-    among ties (``min`` keeps the first index of a tile, strict '<' keeps earlier tiles)."""
+def _nn_search_torch(x: Tensor, y: Tensor, x_mask: Optional[Tensor], y_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Indices (int64, -1 if none) of each x's nearest valid y and of each y's nearest valid x, from ONE pass over
+    the (x, y) pairs, tile by tile in bounded memory: each tile's squared distances serve both directions
+    (``(x - y)^2 == (y - x)^2`` exactly in floating point, so both equal the one-way searches bit for bit).
+    First index among ties both ways: ``min`` keeps the first index of a tile, strict '<' keeps earlier tiles."""
     bsz, n, _ = x.shape
     m = y.shape[1]
     acc = torch.promote_types(x.dtype, torch.float32)
-    idx = torch.full((bsz, n), -1, dtype=torch.int64, device=x.device)
+    idx_x = torch.full((bsz, n), -1, dtype=torch.int64, device=x.device)
+    idx_y = torch.full((bsz, m), -1, dtype=torch.int64, device=x.device)
     if n == 0 or m == 0 or bsz == 0:
-        return idx
-    best = torch.full((bsz, n), float('inf'), dtype=acc, device=x.device)
+        return idx_x, idx_y
+    best_x = torch.full((bsz, n), float('inf'), dtype=acc, device=x.device)
+    best_y = torch.full((bsz, m), float('inf'), dtype=acc, device=x.device)
     tile_m = min(m, _TORCH_TILE_M)
     tile_n = max(1, min(n, TORCH_TILE_PAIRS // (bsz * tile_m)))
     xf, yf = x.to(acc), y.to(acc)
@@ -163,27 +169,33 @@ def _nn_search_torch(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tensor:
         for ms in range(0, m, tile_m):
             me = min(m, ms + tile_m)
             d2 = _sq_dist(xf[:, ns:ne], yf[:, ms:me])
-            if y_mask is not None:
+            if y_mask is not None:  # invalid y: never a neighbour of x; as rows of the y search, ignored below
                 d2 = d2.masked_fill(~y_mask[:, None, ms:me], float('inf'))
             tile_min, tile_arg = d2.min(dim=2)
-            better = tile_min < best[:, ns:ne]
-            best[:, ns:ne] = torch.where(better, tile_min, best[:, ns:ne])
-            idx[:, ns:ne] = torch.where(better, tile_arg + ms, idx[:, ns:ne])
-    return idx
+            better = tile_min < best_x[:, ns:ne]
+            best_x[:, ns:ne] = torch.where(better, tile_min, best_x[:, ns:ne])
+            idx_x[:, ns:ne] = torch.where(better, tile_arg + ms, idx_x[:, ns:ne])
+            if x_mask is not None:
+                d2 = d2.masked_fill(~x_mask[:, ns:ne, None], float('inf'))
+            tile_min, tile_arg = d2.min(dim=1)
+            better = tile_min < best_y[:, ms:me]
+            best_y[:, ms:me] = torch.where(better, tile_min, best_y[:, ms:me])
+            idx_y[:, ms:me] = torch.where(better, tile_arg + ns, idx_y[:, ms:me])
+    return idx_x, idx_y
 
 
-def _nn_torch(x: Tensor, y: Tensor, y_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """Squared distance (differentiable, float32 or float64) and index of each x's nearest valid y."""
-    idx = _nn_search_torch(x, y, y_mask)
+def _sq_dist_at(x: Tensor, y: Tensor, idx: Tensor) -> Tensor:
+    """Squared distance (differentiable, float32 or float64) from each x to ``y[idx]`` (inf where idx < 0), in
+    the search's arithmetic and order."""
     acc = torch.promote_types(x.dtype, torch.float32)
     if y.shape[1] == 0:
-        return torch.full(idx.shape, float('inf'), dtype=acc, device=x.device), idx
+        return torch.full(idx.shape, float('inf'), dtype=acc, device=x.device)
     nb = torch.gather(y.to(acc), 1, idx.clamp(min=0)[..., None].expand(-1, -1, y.shape[-1]))
     xa = x.to(acc)
-    d2 = (xa[..., 0] - nb[..., 0]) ** 2  # the search's arithmetic, in the same order
+    d2 = (xa[..., 0] - nb[..., 0]) ** 2
     for k in range(1, x.shape[-1]):
         d2 = d2 + (xa[..., k] - nb[..., k]) ** 2
-    return torch.where(idx >= 0, d2, float('inf')), idx
+    return torch.where(idx >= 0, d2, float('inf'))
 
 
 class _ChamferFn(torch.autograd.Function):
@@ -265,8 +277,8 @@ def chamfer_nn(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None, y_lengt
 def _chamfer_nn(x: Tensor, y: Tensor, x_mask: Optional[Tensor], y_mask: Optional[Tensor], squared: bool,
                 backend: str) -> ChamferResult:
     if resolve_backend(backend, x, y, x_mask, y_mask) == 'torch':
-        dx2, ix = _nn_torch(x, y, y_mask)
-        dy2, iy = _nn_torch(y, x, x_mask)
+        ix, iy = _nn_search_torch(x, y, x_mask, y_mask)
+        dx2, dy2 = _sq_dist_at(x, y, ix), _sq_dist_at(y, x, iy)
         dist_x, ix = finish_nn(dx2, ix, x_mask, squared)
         dist_y, iy = finish_nn(dy2, iy, y_mask, squared)
         return ChamferResult(dist_x.to(x.dtype), ix, dist_y.to(x.dtype), iy)
