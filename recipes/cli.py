@@ -121,6 +121,13 @@ def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, 
     g.add_argument('--clip-grad', type=nonnegative_float, default=clip_grad, help='gradient norm clip (0 = off)')
 
 
+def add_prior_lr_flag(parser: argparse.ArgumentParser, default: float) -> None:
+    """``--prior-lr-scale``: learning-rate multiplier of the positional-prior parameters (GOAT alpha, beta, key
+    default; PoPE delta), their own optimizer group without weight decay (``vision_priors.optim.prior_param_groups``)."""
+    parser.add_argument('--prior-lr-scale', type=positive_float, default=default,
+                        help=f'learning-rate multiplier of the GOAT / PoPE prior parameters (default {default:g})')
+
+
 # ------------------------------------------------------------------------------------- validation
 
 def check_amp(amp: str, cpu: bool) -> None:

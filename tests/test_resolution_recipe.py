@@ -205,3 +205,37 @@ def test_builtin_compare_and_analyze(tmp_path):
     assert (analysis / 'prior_heads.png').stat().st_size > 1000
     with pytest.raises(ValueError, match='needs a GOAT model'):
         recipe.main(['analyze', str(out / 'vit_tiny_patch16_224' / 'seed0'), '--out', str(analysis)])
+
+
+def test_sincos_start_of_the_absolute_embedding():
+    """``--abs-pos-init sincos`` writes the 2D sin-cos table of the grid into timm's learned pos_embed (patch part
+    only, class token untouched); 'timm' and models without a learned embedding are left alone."""
+    import timm
+    from timm.layers import build_sincos2d_pos_embed
+    torch.manual_seed(0)
+    for class_token in (True, False):
+        model = timm.create_model('vit_tiny_patch16_224', embed_dim=64, depth=1, num_heads=2, patch_size=8,
+                                  img_size=(32, 48), class_token=class_token, global_pool='token' if class_token else 'avg')
+        before = model.pos_embed.detach().clone()
+        assert recipe.init_abs_pos_embed(model, 'sincos')
+        table = build_sincos2d_pos_embed([4, 6], 64)
+        assert torch.equal(model.pos_embed[0, -24:].detach(), table) and model.pos_embed.requires_grad
+        assert torch.equal(model.pos_embed[0, :-24].detach(), before[0, :-24])
+        assert not recipe.init_abs_pos_embed(model, 'timm')
+    goat = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=64, depth=1, num_heads=2, patch_size=8, img_size=32)
+    assert not recipe.init_abs_pos_embed(goat, 'sincos')
+
+
+def test_builtin_scenes_are_rendered_once_per_process():
+    from vision_priors.recipes.data.builtin_scenes import SpatialScenes
+    args = recipe.build_parser().parse_args(['train', '--train-samples', '24', '--val-samples', '12'])
+    first = recipe.builtin_dataset('train', args, (32, 32))
+    assert recipe.builtin_dataset('train', args, (32, 32)) is first  # cached
+    source = SpatialScenes('train', num_samples=24, resolution=32, seed=0, task='clock')
+    for i in (0, 5, 23):
+        image, label = first[i]
+        assert torch.equal(image, source[i][0]) and label == source[i][1]
+    assert first.num_classes == 12 and len(first) == 24
+    with pytest.raises(ValueError, match='without a transform'):
+        from vision_priors.recipes.data.builtin_scenes import RenderedScenes
+        RenderedScenes(SpatialScenes('val', num_samples=2, transform=lambda im: im))

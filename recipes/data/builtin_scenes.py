@@ -39,7 +39,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'make_scene', 'render_scene', 'scene_seed']
+__all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'RenderedScenes', 'make_scene', 'render_scene', 'scene_seed']
 
 CLASSES = [
     'row', 'column', 'diagonal', 'row_big_middle', 'tower', 'inverted_tower',
@@ -516,6 +516,32 @@ class SpatialScenes(Dataset):
         if not 0 <= index < self.num_samples:
             raise IndexError(f'index {index} out of range for {self.num_samples} samples')
         return index
+
+
+class RenderedScenes(Dataset):
+    """A :class:`SpatialScenes` without a transform, rendered once into memory.
+
+    Items are the same ``(float (3, H, W) image, label)`` pairs; a sweep that trains several models on
+    one scene stream renders it once instead of once per run (``float32``, 12 KiB per 32 px image).
+    """
+
+    def __init__(self, scenes: SpatialScenes) -> None:
+        if scenes.transform is not None:
+            raise ValueError('RenderedScenes stores tensors: pass a SpatialScenes without a transform')
+        self.source = repr(scenes)
+        self.task, self.classes, self.num_classes = scenes.task, scenes.classes, scenes.num_classes
+        self.resolution = scenes.resolution
+        self.images = torch.stack([scenes[i][0] for i in range(len(scenes))])
+        self.labels = torch.tensor([scenes.label(i) for i in range(len(scenes))], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __repr__(self) -> str:
+        return f'RenderedScenes({self.source})'
+
+    def __getitem__(self, index: int):
+        return self.images[index], int(self.labels[index])
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
