@@ -9,7 +9,9 @@ from safetensors.torch import load_file
 
 from vision_priors.layers import grid_coords
 from vision_priors.models.multimodal import CROSS_ATTENTIONS
-from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, SpatialVQAFusion
+import math
+
+from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion, coordinate_features
 from vision_priors.recipes import spatial_vqa as recipe
 from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.vqa_scenes import scan_order
@@ -19,10 +21,11 @@ TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size',
         '--cpu', '--threads', '1']
 
 
-def _model(method: str, cross_attn: str, seed: int = 0) -> SpatialVQAFusion:
+def _model(method: str, cross_attn: str, seed: int = 0, image_pos: str = 'none') -> SpatialVQAFusion:
     torch.manual_seed(seed)
     model = SpatialVQAFusion(method, vocab_size=12, patch_dim=6, grid_size=(4, 4), embed_dim=48, depth=2,
-                             num_heads=2, cross_attn=cross_attn, goat_kwargs=dict(prior_init='random', init_seed=seed))
+                             num_heads=2, cross_attn=cross_attn, goat_kwargs=dict(prior_init='random', init_seed=seed),
+                             image_pos=image_pos)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if 'rel_bias' in name:
@@ -39,11 +42,12 @@ def _data(seed: int = 0):
 
 @pytest.mark.parametrize('method', FUSION_METHODS)
 def test_answers_ignore_the_scan_order_but_not_the_layout(method, one_thread):
-    """Canonical coordinates (and, for LAVO, the grid order rebuilt from them): the same scene in any scan order
-    gives the same answers; the same contents at other places (a different scene) do not."""
+    """Canonical coordinates (and, for LAVO, the grid order rebuilt from them; the sincos features travel with
+    their tokens): the same scene in any scan order gives the same answers; the same contents at other places
+    (a different scene) do not."""
     content, coords, text = _data()
-    for cross_attn in CROSS_ATTENTIONS:
-        model = _model(method, cross_attn)
+    for cross_attn, image_pos in zip(CROSS_ATTENTIONS, IMAGE_POS):  # softmax without, LAVO with sincos features
+        model = _model(method, cross_attn, image_pos=image_pos)
         ref = model(content, coords, text)
         for orders in (['hilbert', 'spiral'], ['reverse', 'quad_col']):
             perms = torch.stack([torch.from_numpy(scan_order(o, (4, 4))) for o in orders])
@@ -78,11 +82,28 @@ def test_questions_are_independent_and_checkpointing_is_exact(cross_attn, one_th
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_coordinate_features_match_the_formula():
+    """Float64, odd coordinates: feature [a * dim / 2 + s * dim / 4 + k] = (sin, cos)[s](w_k coord_a)."""
+    coords = torch.tensor([[0., 0.], [3., 1.], [-2.5, 7.25]], dtype=torch.float64)
+    dim = 12
+    feats = coordinate_features(coords, dim)
+    for i in range(3):
+        for a in range(2):
+            for s, fn in enumerate((math.sin, math.cos)):
+                for k in range(dim // 4):
+                    w = 10000. ** (-4 * k / dim)
+                    assert abs(feats[i, a * dim // 2 + s * dim // 4 + k].item() - fn(w * coords[i, a].item())) < 1e-12
+    with pytest.raises(ValueError, match='divisible by 4'):
+        coordinate_features(coords, 10)
+
+
 def test_model_errors(one_thread):
     with pytest.raises(ValueError, match=r"pos_method must be one of \('goat', 'pope', 'lavo'\)"):
         SpatialVQAFusion('rope', vocab_size=12, patch_dim=6, grid_size=(4, 4))
     with pytest.raises(ValueError, match='cross_attn must be one of'):
         SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), cross_attn='linear')
+    with pytest.raises(ValueError, match='image_pos must be one of'):
+        SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), image_pos='learned')
     content, coords, text = _data()
     model = _model('lavo', 'lavo')
     with pytest.raises(ValueError, match='coords must be a permutation of the 4x4 grid'):
@@ -99,13 +120,16 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
     with pytest.raises(ValueError, match='--image-attention must be prefix'):
         recipe.main(['compare', '--methods', 'goat', '--archs', 'fusion', '--image-attention', 'causal',
                      '--out', str(tmp_path / 'r'), *TINY])
+    with pytest.raises(ValueError, match='--image-pos is an option of --arch fusion'):
+        recipe.main(['train', '--image-pos', 'sincos', '--out', str(tmp_path / 'r'), *TINY])
     with pytest.raises(SystemExit):
         recipe.main(['train', '--arch', 'fusion', '--cross-attn', 'linear'])
     assert not (tmp_path / 'r').exists()
 
 
 def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
-    common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', *TINY, '--updates', '4',
+    common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', '--image-pos', 'sincos', *TINY,
+              '--updates', '4',
               '--checkpoint-every', '2', '--seed', '1']
     full, killed = tmp_path / 'full', tmp_path / 'killed'
     recipe.main([*common, '--out', str(full)])
@@ -119,6 +143,7 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     config = json.loads((full / 'config.json').read_text())
     assert config['method'] == 'pope-fusion-lavo'
     assert config['model']['arch'] == 'fusion' and config['model']['cross_attn'] == 'lavo'
+    assert config['model']['image_pos'] == 'sincos'
 
     recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
     row = json.loads((tmp_path / 'eval' / 'results.json').read_text())['rows'][0]

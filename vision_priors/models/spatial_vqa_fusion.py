@@ -15,6 +15,13 @@ image and question tokens. :class:`SpatialVQAFusion` separates the modalities (s
                   running mean would mix the independent questions of a scene), then cross-attention to the
                   encoded image tokens (``cross_attn``: ``'softmax'`` or ``'lavo'``, LAVO Sec. 3.4), MLP.
 
+Image positions (``image_pos``): ``'none'`` (default) leaves position to the encoder's attention only. The
+decoder's cross-attention has no positional term, and LAVO's compression averages over the image, so with
+``'none'`` a question can reach a region only through what the encoder writes into the token features (with a
+relative prior: mostly boundary effects). ``'sincos'`` adds fixed 2D sin / cos features of the canonical (x, y)
+(:func:`coordinate_features`, as MAE's 2D sin-cos table but per token) to the patch embeddings, so every image
+token carries its absolute position into its features, which both cross-attentions can read.
+
 The answer is read at the last token of each question, as in the single-stream model. Every position the
 model sees is a canonical coordinate or a within-question index, never the scan-order index, so the
 answers do not depend on the scan order (tested), like goat / pope single-stream with prefix attention.
@@ -31,9 +38,20 @@ from timm.models._manipulate import checkpoint
 from .multimodal import CROSS_ATTENTIONS, create_cross_block
 from . import vision_transformer_priors  # noqa: F401  (registers the timm models built by name below)
 
-__all__ = ['SpatialVQAFusion', 'FUSION_METHODS', 'question_self_attention_mask']
+__all__ = ['SpatialVQAFusion', 'FUSION_METHODS', 'IMAGE_POS', 'coordinate_features', 'question_self_attention_mask']
 
 FUSION_METHODS = ('goat', 'pope', 'lavo')
+IMAGE_POS = ('none', 'sincos')
+
+
+def coordinate_features(coords: Tensor, dim: int, temperature: float = 10000.) -> Tensor:
+    """Fixed 2D Fourier features (..., dim) of (x, y) ``coords`` (..., 2): for each axis a and frequency
+    w_k = temperature^(-4k / dim), k < dim / 4: [sin(w_k x), cos(w_k x), sin(w_k y), cos(w_k y)] blocks."""
+    if dim % 4:
+        raise ValueError(f'coordinate features need a width divisible by 4, got {dim}')
+    bands = temperature ** (-4. / dim * torch.arange(dim // 4, dtype=coords.dtype, device=coords.device))
+    angles = coords[..., :, None] * bands  # (..., 2, dim / 4)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)
 
 
 def question_self_attention_mask(num_questions: int, question_len: int, device: Optional[torch.device] = None) -> Tensor:
@@ -69,6 +87,7 @@ class SpatialVQAFusion(nn.Module):
         decoder_depth: Decoder blocks (default ``depth``).
         cross_attn: 'softmax' or 'lavo'.
         cross_slots: LAVO cross-attention slots r per head (capped at the head dim).
+        image_pos: 'none' or 'sincos' (module docstring).
     """
 
     def __init__(
@@ -90,12 +109,17 @@ class SpatialVQAFusion(nn.Module):
             pope_kwargs: Optional[Dict[str, Any]] = None,
             drop_path_rate: float = 0.,
             qkv_bias: bool = True,
+            image_pos: str = 'none',
     ) -> None:
         super().__init__()
         if pos_method not in FUSION_METHODS:
             raise ValueError(f'pos_method must be one of {FUSION_METHODS} for the fusion model, got {pos_method!r}')
         if cross_attn not in CROSS_ATTENTIONS:
             raise ValueError(f'cross_attn must be one of {CROSS_ATTENTIONS}, got {cross_attn!r}')
+        if image_pos not in IMAGE_POS:
+            raise ValueError(f'image_pos must be one of {IMAGE_POS}, got {image_pos!r}')
+        if image_pos == 'sincos' and embed_dim % 4:
+            raise ValueError(f"image_pos='sincos' needs embed_dim divisible by 4, got {embed_dim}")
         if embed_dim % num_heads:
             raise ValueError(f'embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})')
         if question_len < 1 or vocab_size < 2 or patch_dim < 1:
@@ -103,6 +127,7 @@ class SpatialVQAFusion(nn.Module):
                              f'{vocab_size}, {patch_dim}')
         self.pos_method = pos_method
         self.cross_attn = cross_attn
+        self.image_pos = image_pos
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
         self.num_image_tokens = self.grid_size[0] * self.grid_size[1]
         self.question_len = question_len
@@ -162,6 +187,8 @@ class SpatialVQAFusion(nn.Module):
     def encode_image(self, patches: Tensor, coords: Tensor) -> Tensor:
         """(B, M, C) encoded image tokens (normed), in scan order (goat / pope) or row-major order (lavo)."""
         x = self.patch_embed(patches)
+        if self.image_pos == 'sincos':
+            x = x + coordinate_features(coords, x.shape[-1]).to(x.dtype)
         grid = [self.grid_size[0], self.grid_size[1]]
         if self.pos_method == 'lavo':
             order = raster_permutation(coords.expand(x.shape[0], -1, -1), self.grid_size)
