@@ -93,6 +93,7 @@ Paper-scale protocol on real CIFAR-10 (e.g. on a GPU):
       --test-scenes 10000 --epochs 30 --batch-size 128 --seeds 0 1 2 --out runs/spatial_vqa
 """
 import argparse
+import functools
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -101,9 +102,10 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import create_optimizer_v2
 
 from vision_priors.layers.goat import PRIOR_INITS
+from vision_priors.optim import prior_param_groups
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
 from vision_priors.models.multimodal import CROSS_ATTENTIONS
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion
@@ -119,6 +121,7 @@ from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep
 
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
+PRIOR_LR_SCALE = 1.0  # learning-rate multiplier of the GOAT / PoPE prior parameters (README ablation)
 ARCHS = ('single', 'fusion')  # one transformer over image + text, or image encoder + cross-attending decoder
 
 
@@ -133,7 +136,6 @@ def parse_model_name(name: str) -> tuple:
         method, cross_attn = name.split('-fusion-')
         return method, 'fusion', cross_attn
     return name, 'single', None
-
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -179,9 +181,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--image-pos', choices=IMAGE_POS, default='none',
                    help='fusion only: sincos adds fixed 2D sin / cos features of the canonical patch coordinates to '
                         'the image tokens (their absolute position, readable by the cross-attention)')
-    g.add_argument('--prior-lr-scale', type=cli.positive_float, default=1.0,
-                   help='learning-rate multiplier of the positional-prior parameters (GOAT alpha / beta / key '
-                        'default, PoPE delta); no effect on rope / nope')
+    cli.add_prior_lr_flag(g, default=PRIOR_LR_SCALE)
 
 
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -267,20 +267,10 @@ def build_model(cfg: Dict[str, Any]) -> nn.Module:
 
 
 def make_optimizer(model: SpatialVQATransformer, args: argparse.Namespace) -> torch.optim.Optimizer:
-    """timm optimizer over timm's weight-decay groups; with ``--prior-lr-scale`` != 1 the positional-prior
-    parameters (``model.no_weight_decay()``: GOAT alpha, beta, key default; PoPE delta) get a group of their
-    own with no weight decay and ``lr_scale`` = the scale, which timm's schedulers apply at every step."""
-    if args.prior_lr_scale == 1.0:
-        return create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
-    positional = model.no_weight_decay()
-
-    def groups(module: nn.Module) -> List[Dict[str, Any]]:
-        prior = [p for n, p in module.named_parameters() if n in positional and p.requires_grad]
-        rest = param_groups_weight_decay(module, args.weight_decay, no_weight_decay_list=positional)
-        prior_ids = {id(p) for p in prior}
-        rest = [dict(g, params=[p for p in g["params"] if id(p) not in prior_ids]) for g in rest]
-        return rest + ([dict(params=prior, weight_decay=0.0, lr_scale=args.prior_lr_scale)] if prior else [])
-
+    """timm optimizer over timm's weight-decay groups, the positional priors (GOAT alpha, beta, key default;
+    PoPE delta) in a group of their own: no weight decay, ``lr_scale = --prior-lr-scale``
+    (:func:`vision_priors.optim.prior_param_groups`)."""
+    groups = functools.partial(prior_param_groups, weight_decay=args.weight_decay, lr_scale=args.prior_lr_scale)
     return create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay, param_group_fn=groups)
 
 
