@@ -16,6 +16,7 @@ SMALL = dict(embed_dim=64, depth=1, num_heads=2, patch_size=8, img_size=32, num_
 @pytest.mark.parametrize('name, expected', [
     ('vit_tiny_patch16_goat_224', ('alpha', 'beta', 'key_mlp.0.weight', 'key_mlp.2.bias', 'prefix_bias')),
     ('vit_tiny_patch16_pope_224', ('phase_bias_raw',)),
+    ('vit_tiny_patch16_lavo_224', ('attn.rel_bias_2d',)),
     ('vit_tiny_patch16_224', ()),
 ])
 def test_groups_partition_the_parameters_and_scale_only_the_priors(name, expected):

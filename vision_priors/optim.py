@@ -14,8 +14,10 @@ remedy the README's ablation table measures; use it with any timm optimizer:
                                     param_group_fn=partial(prior_param_groups, weight_decay=0.05, lr_scale=10))
 
 Positional-prior parameters are those of every :class:`~vision_priors.layers.GoatPrior` (alpha, beta, the
-key default's MLP, slopes and biases) and every :class:`~vision_priors.layers.PopePhases` (the phase
-bias delta) in the model, found by module type, so any model built from the package's layers qualifies.
+key default's MLP, slopes and biases), every :class:`~vision_priors.layers.PopePhases` (the phase bias
+delta) and the embedded relative position bias P of every :class:`~vision_priors.layers.LavoAttention`
+(``rel_bias``, ``rel_bias_2d``; LAVO Sec. 3.3, also zero at the start), found by module type, so any model
+built from the package's layers qualifies.
 """
 from typing import Any, Dict, Iterable, List, Set
 
@@ -24,20 +26,25 @@ from torch import nn
 from timm.optim import param_groups_weight_decay
 
 from .layers.goat import GoatPrior
+from .layers.lavo import LavoAttention
 from .layers.pope import PopePhases
 
 __all__ = ['PRIOR_MODULES', 'prior_parameter_names', 'prior_param_groups']
 
 PRIOR_MODULES = (GoatPrior, PopePhases)
+LAVO_PRIOR_PARAMETERS = ('rel_bias', 'rel_bias_2d')  # LavoAttention's embedded relative positions
 
 
 def prior_parameter_names(model: nn.Module) -> Set[str]:
     """Names (as in ``model.named_parameters()``) of the trainable positional-prior parameters."""
     names: Set[str] = set()
     for module_name, module in model.named_modules():
+        prefix = f'{module_name}.' if module_name else ''
         if isinstance(module, PRIOR_MODULES):
-            prefix = f'{module_name}.' if module_name else ''
             names.update(prefix + n for n, p in module.named_parameters() if p.requires_grad)
+        elif isinstance(module, LavoAttention):
+            names.update(prefix + n for n in LAVO_PRIOR_PARAMETERS
+                         if isinstance(getattr(module, n, None), nn.Parameter) and getattr(module, n).requires_grad)
     return names
 
 
