@@ -78,7 +78,7 @@ DEFAULT_MODELS = [
 # cost 4x more per update, and 250 such updates left every method near its take-off point (seed spread up to
 # +-28 points), where 1,000 updates of patch-8 tokens take the same time.
 BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, global_pool='avg', class_token=False)
-PRIOR_LR_SCALE = 1.0  # learning-rate multiplier of the GOAT / PoPE prior parameters (README ablation)
+PRIOR_LR_SCALE = 10.0  # learning-rate multiplier of the GOAT / PoPE prior parameters (README ablation)
 EVAL_ONLY_FLAGS = ('eval_res',)  # a resumed run may change them
 
 
