@@ -125,7 +125,7 @@ def add_prior_lr_flag(parser: argparse.ArgumentParser, default: float) -> None:
     """``--prior-lr-scale``: learning-rate multiplier of the positional-prior parameters (GOAT alpha, beta, key
     default; PoPE delta), their own optimizer group without weight decay (``vision_priors.optim.prior_param_groups``)."""
     parser.add_argument('--prior-lr-scale', type=positive_float, default=default,
-                        help=f'learning-rate multiplier of the GOAT / PoPE prior parameters (default {default:g})')
+                        help=f"learning-rate multiplier of the positional priors: GOAT alpha / beta / key default, PoPE delta, LAVO relative bias (default {default:g})")
 
 
 # ------------------------------------------------------------------------------------- validation

@@ -50,7 +50,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
 import vision_priors  # noqa: F401  (registers our models)
-from vision_priors.optim import prior_param_groups
+from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 
 from . import cli
 from .checkpoints import write_json_atomic
@@ -78,7 +78,6 @@ DEFAULT_MODELS = [
 # cost 4x more per update, and 250 such updates left every method near its take-off point (seed spread up to
 # +-28 points), where 1,000 updates of patch-8 tokens take the same time.
 BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, global_pool='avg', class_token=False)
-PRIOR_LR_SCALE = 10.0  # learning-rate multiplier of the GOAT / PoPE prior parameters (README ablation)
 EVAL_ONLY_FLAGS = ('eval_res',)  # a resumed run may change them
 
 
@@ -138,7 +137,7 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_data_args(p)
     add_model_args(p)
     cli.add_optim_flags(p, lr=2e-3, epochs=4, warmup_frac=0.1)
-    cli.add_prior_lr_flag(p, default=PRIOR_LR_SCALE)
+    cli.add_prior_lr_flag(p, default=VISION_PRIOR_LR_SCALE)
     g = p.add_argument_group('regularisation')
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')

@@ -107,7 +107,7 @@ from torch.utils.data import DataLoader
 from timm.optim import create_optimizer_v2
 
 from vision_priors.layers.goat import PRIOR_INITS
-from vision_priors.optim import prior_param_groups
+from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
 from vision_priors.models.multimodal import CROSS_ATTENTIONS
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion
@@ -123,7 +123,6 @@ from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep
 
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
-PRIOR_LR_SCALE = 10.0  # learning-rate multiplier of the GOAT / PoPE prior parameters (README ablation)
 ARCHS = ('single', 'fusion')  # one transformer over image + text, or image encoder + cross-attending decoder
 
 
@@ -183,7 +182,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--image-pos', choices=IMAGE_POS, default='none',
                    help='fusion only: sincos adds fixed 2D sin / cos features of the canonical patch coordinates to '
                         'the image tokens (their absolute position, readable by the cross-attention)')
-    cli.add_prior_lr_flag(g, default=PRIOR_LR_SCALE)
+    cli.add_prior_lr_flag(g, default=VISION_PRIOR_LR_SCALE)
 
 
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:

@@ -29,9 +29,12 @@ from .layers.goat import GoatPrior
 from .layers.lavo import LavoAttention
 from .layers.pope import PopePhases
 
-__all__ = ['PRIOR_MODULES', 'prior_parameter_names', 'prior_param_groups']
+__all__ = ['PRIOR_MODULES', 'VISION_PRIOR_LR_SCALE', 'prior_parameter_names', 'prior_param_groups']
 
 PRIOR_MODULES = (GoatPrior, PopePhases)
+# The 2D vision recipes' default lr_scale (README: GOAT leaves the position-blind start in both the resolution
+# job and spatial VQA at 10; 1 and 3 stay on it, 30 is worse). Causal 1D language models keep 1 (GOAT Table 5).
+VISION_PRIOR_LR_SCALE = 10.0
 LAVO_PRIOR_PARAMETERS = ('rel_bias', 'rel_bias_2d')  # LavoAttention's embedded relative positions
 
 
