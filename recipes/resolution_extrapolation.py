@@ -56,6 +56,7 @@ from . import cli
 from .checkpoints import write_json_atomic
 from .data.builtin_scenes import TASKS, RenderedScenes, SpatialScenes
 from .data.image_folders import StrictImages, data_kind, wds_root
+from .data.image_pools import PoolImages, cifar10_pools
 from .engine import (close_distributed, cosine_schedule, count_updates, evaluate_classifier, fit, make_accelerator,
                      train_loader)
 from .logs import JsonlLogger
@@ -102,15 +103,18 @@ def res_name(res: Sequence[int]) -> str:
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
     g.add_argument('--data', default=None,
-                   help='ImageNet-style folder (train/, val/ with class subfolders) or wds:FOLDER for '
-                        'webdataset shards (jpg/cls); default: the built-in spatial scenes')
+                   help='ImageNet-style folder (train/, val/ with class subfolders), wds:FOLDER for webdataset '
+                        'shards (jpg/cls), cifar10 (torchvision download) or cifar10:PATH (a folder of the '
+                        'python batches, or an .npz of images / labels split per class by --data-seed); '
+                        'default: the built-in spatial scenes')
     g.add_argument('--train-split', default='train', help='webdataset train split (name in _info.json or '
                    'a brace pattern like "train-{000000..000009}.tar|N")')
     g.add_argument('--val-split', default='validation', help='webdataset validation split')
     g.add_argument('--num-classes', type=cli.positive_int, default=None, help='classes (needed for webdataset)')
     g.add_argument('--train-samples', type=cli.positive_int, default=16000, help='built-in scenes: training samples')
     g.add_argument('--val-samples', type=cli.positive_int, default=480, help='built-in scenes: validation samples')
-    g.add_argument('--data-seed', type=cli.nonnegative_int, default=0, help='built-in scenes: generator seed')
+    g.add_argument('--data-seed', type=cli.nonnegative_int, default=0,
+                   help='built-in scenes: generator seed; cifar10:FILE.npz: the per-class train / test split')
     g.add_argument('--task', choices=sorted(TASKS), default='clock',
                    help="built-in scenes: 'clock' (clock direction of a red disc from a white one, learnable in "
                         "a few hundred CPU updates) or 'layouts' (twelve three-part configurations, needs far "
@@ -189,6 +193,12 @@ def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) 
     return rendered_scenes(split, num, tuple(res), args.data_seed, args.task)
 
 
+@functools.lru_cache(maxsize=2)
+def cifar_pools(spec: str, data_seed: int):
+    """(train, test) CIFAR-10 pools of ``--data cifar10[:PATH]``, read (or downloaded) once per process."""
+    return cifar10_pools(spec, data_seed)
+
+
 @functools.lru_cache(maxsize=8)
 def rendered_scenes(split: str, num: int, res: Tuple[int, int], seed: int, task: str) -> RenderedScenes:
     """The built-in scenes rendered once per process: every run of a compare reads the same stream."""
@@ -197,9 +207,17 @@ def rendered_scenes(split: str, num: int, res: Tuple[int, int], seed: int, task:
 
 
 def image_transform(args: argparse.Namespace, model: nn.Module, res: Tuple[int, int], is_training: bool):
-    """timm's train (random-resized crop, flip, optional auto-augment) or eval (resize + centre crop) transform."""
+    """timm's train (random-resized crop, flip, optional auto-augment) or eval (resize + centre crop) transform.
+
+    CIFAR-10 (32 px objects that fill the frame): crops keep at least half the image (scale 0.5-1) and the
+    evaluation resizes the whole image to the resolution (crop_pct 1), so 48 / 64 px show the same image at
+    1.5x / 2x."""
     mean, std = mean_std_of(model)
-    extra = dict(auto_augment=args.auto_augment) if is_training else dict(crop_pct=args.crop_pct)
+    cifar = data_kind(args.data) == 'cifar10'
+    if is_training:
+        extra: Dict[str, Any] = dict(auto_augment=args.auto_augment, **(dict(scale=(0.5, 1.0)) if cifar else {}))
+    else:
+        extra = dict(crop_pct=1.0 if cifar else args.crop_pct)
     return create_transform(input_size=(3, *res), is_training=is_training, mean=mean, std=std,
                             interpolation='bicubic', **extra)
 
@@ -211,6 +229,9 @@ def make_train_data(args: argparse.Namespace, model: nn.Module, seed: int) -> Tu
         ds = builtin_dataset('train', args, args.train_res)
         return ds, ds.num_classes, True, None
     transform = image_transform(args, model, args.train_res, is_training=True)
+    if kind == 'cifar10':
+        ds = PoolImages(cifar_pools(args.data, args.data_seed)[0], transform)
+        return ds, ds.num_classes, True, None
     if kind == 'folder':
         ds = StrictImages(Path(args.data), 'train', transform)
         return ds, ds.num_classes, True, None
@@ -224,6 +245,8 @@ def make_eval_data(args: argparse.Namespace, model: nn.Module, res: Tuple[int, i
     if kind == 'builtin':
         return builtin_dataset('val', args, res)
     transform = image_transform(args, model, res, is_training=False)
+    if kind == 'cifar10':
+        return PoolImages(cifar_pools(args.data, args.data_seed)[1], transform)
     if kind == 'folder':
         return StrictImages(Path(args.data), 'val', transform)
     return create_dataset('wds/', root=wds_root(args.data, args.val_split), split=args.val_split, is_training=False,

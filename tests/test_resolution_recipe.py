@@ -239,3 +239,36 @@ def test_builtin_scenes_are_rendered_once_per_process():
     with pytest.raises(ValueError, match='without a transform'):
         from vision_priors.recipes.data.builtin_scenes import RenderedScenes
         RenderedScenes(SpatialScenes('val', num_samples=2, transform=lambda im: im))
+
+
+def test_cifar10_data_trains_and_evaluates_at_larger_resolutions(tmp_path, monkeypatch):
+    """``--data cifar10:FOLDER`` (python batches) and ``cifar10:FILE.npz`` train and evaluate at 1x / 1.5x;
+    a bad spec, a missing path and a failed download are errors naming what to do."""
+    from test_data_image_pools import write_cifar_folder
+    from vision_priors.recipes.data import image_pools
+    folder = tmp_path / 'cifar-10-batches-py'
+    write_cifar_folder(folder, per_batch=4)
+    npz = tmp_path / 'c.npz'
+    rng = np.random.default_rng(0)
+    np.savez(npz, images=rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8), labels=np.arange(40) % 10)
+    for spec in (f'cifar10:{folder}', f'cifar10:{npz}'):
+        out = tmp_path / spec[-5:].replace('/', '_').replace('.', '_')
+        recipe.main(['compare', '--models', 'vit_tiny_patch16_goat_224', '--seeds', '0', '--data', spec,
+                     '--updates', '2', '--batch-size', '4', '--size-overrides', TINY, '--train-res', '16',
+                     '--eval-res', '16', '24', '--out', str(out), '--cpu', '--threads', '1'])
+        results = json.loads((out / 'results.json').read_text())
+        rows = results['rows']
+        assert [r['res'] for r in rows] == ['16', '24'] and all(r['samples'] == (4 if 'npz' not in spec else 10) for r in rows)  # test_batch; 1 of 4 per class
+        config = json.loads((out / 'vit_tiny_patch16_goat_224' / 'seed0' / 'config.json').read_text())
+        assert config['data_kind'] == 'cifar10' and config['model_kwargs']['num_classes'] == 10
+    with pytest.raises(ValueError, match=r"expected 'cifar10' \(download\) or 'cifar10:PATH'"):
+        image_pools.cifar10_pools('cifar10:', 0)
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        image_pools.cifar10_pools(f'cifar10:{tmp_path / "nowhere"}', 0)
+
+    class Offline:
+        def __init__(self, *args, **kwargs):
+            raise OSError('network is unreachable')
+    monkeypatch.setattr('torchvision.datasets.CIFAR10', Offline)
+    with pytest.raises(RuntimeError, match=r'downloading CIFAR-10 into .* failed .*network is unreachable.*cifar10:FOLDER'):
+        image_pools.cifar10_pools('cifar10', 0, download_root=tmp_path / 'download')

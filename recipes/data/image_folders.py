@@ -26,11 +26,14 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError
 
 
 def data_kind(data: Optional[str]) -> str:
-    """'builtin' (no ``--data``), 'wds' (``wds:FOLDER``) or 'folder' (an image-folder root)."""
+    """'builtin' (no ``--data``), 'wds' (``wds:FOLDER``), 'cifar10' (``cifar10`` or ``cifar10:PATH``, read by
+    ``image_pools.cifar10_pools``) or 'folder' (an image-folder root)."""
     if data is None:
         return 'builtin'
     if data.startswith(WDS_PREFIX):
         return 'wds'
+    if data == 'cifar10' or data.startswith('cifar10:'):
+        return 'cifar10'
     return 'folder'
 
 

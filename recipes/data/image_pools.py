@@ -10,13 +10,16 @@ an error naming the file and, where there is one, the offending value.
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
 
 __all__ = ['IMAGE_SIZE', 'CIFAR_MEAN', 'CIFAR_STD', 'CIFAR_TRAIN_FILES', 'CIFAR_TEST_FILE', 'CIFAR_META_FILE',
            'SYNTHETIC_CLASSES', 'ImagePool', 'check_labels', 'resolve_cifar_folder', 'read_cifar_batches',
-           'split_indices_per_class', 'read_npz_pools', 'synthetic_images', 'synthetic_pools', 'load_pools']
+           'split_indices_per_class', 'read_npz_pools', 'synthetic_images', 'synthetic_pools', 'load_pools',
+           'CIFAR10_DOWNLOAD_ROOT', 'cifar10_pools', 'PoolImages']
 
 IMAGE_SIZE = 32
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -341,3 +344,54 @@ def load_pools(data: Optional[str], data_seed: int, npz_test_fraction: float,
     if not path.is_dir():
         raise FileNotFoundError(f'--data {path} does not exist: expected {expected}')
     return read_cifar_batches(path, 'train'), read_cifar_batches(path, 'test')
+
+
+# ----------------------------------------------------------------------------- CIFAR-10 for classification
+
+CIFAR10_PREFIX = 'cifar10'
+CIFAR10_DOWNLOAD_ROOT = Path.home() / '.cache' / 'vision_priors' / 'cifar10'
+
+
+def cifar10_pools(spec: str, data_seed: int, npz_test_fraction: float = 0.2,
+                  download_root: Optional[Path] = None) -> Tuple[ImagePool, ImagePool]:
+    """(train, test) CIFAR-10 pools for ``--data cifar10`` (torchvision's downloader: the python batches, cached
+    under ``download_root``) or ``--data cifar10:PATH`` (a folder of the python batches, read directly, or an
+    ``.npz`` of ``images`` / ``labels`` split per class into disjoint pools by ``data_seed``; no network).
+
+    Raises:
+        ValueError: a spec that is not ``cifar10`` or ``cifar10:PATH``; everything the readers raise.
+        RuntimeError: the download failed (offline), naming the URL's dataset and the offline alternatives.
+    """
+    if spec == CIFAR10_PREFIX:
+        root = Path(download_root or CIFAR10_DOWNLOAD_ROOT)
+        folder = root / 'cifar-10-batches-py'
+        if not (folder / CIFAR_META_FILE).is_file():
+            from torchvision.datasets import CIFAR10
+            try:
+                CIFAR10(str(root), train=True, download=True)
+            except Exception as e:  # URLError, socket errors, checksum mismatch
+                raise RuntimeError(
+                    f'--data cifar10: downloading CIFAR-10 into {root} failed ({type(e).__name__}: {e}); offline, '
+                    f'pass --data cifar10:FOLDER (the python batches) or --data cifar10:FILE.npz') from e
+        return read_cifar_batches(folder, 'train'), read_cifar_batches(folder, 'test')
+    if not spec.startswith(CIFAR10_PREFIX + ':') or len(spec) == len(CIFAR10_PREFIX) + 1:
+        raise ValueError(f"--data {spec!r}: expected 'cifar10' (download) or 'cifar10:PATH' (a folder of the "
+                         f'python batches or an .npz)')
+    return load_pools(spec[len(CIFAR10_PREFIX) + 1:], data_seed, npz_test_fraction, (1, 1))
+
+
+class PoolImages(Dataset):
+    """A pool as a classification dataset: ``(transform(PIL RGB image), label)``."""
+
+    def __init__(self, pool: ImagePool, transform: Optional[Callable] = None) -> None:
+        self.pool, self.transform = pool, transform
+        self.num_classes = len(pool.class_names)
+        self.classes = list(pool.class_names)
+
+    def __len__(self) -> int:
+        return len(self.pool.labels)
+
+    def __getitem__(self, index: int):
+        image = Image.fromarray(self.pool.images[index], mode='RGB')
+        return (self.transform(image) if self.transform is not None else image), int(self.pool.labels[index])
+
