@@ -8,7 +8,8 @@ CPU thread count and dispatches.
 """
 import argparse
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+import json
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -119,6 +120,18 @@ def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, 
     g.add_argument('--warmup-frac', type=unit_fraction, default=warmup_frac,
                    help='linear warm-up over this share of the updates')
     g.add_argument('--clip-grad', type=nonnegative_float, default=clip_grad, help='gradient norm clip (0 = off)')
+
+
+def model_overrides(text: str, flag: str = '--model-overrides') -> Dict[str, Any]:
+    """A flag's JSON dict of model constructor overrides (``'{"embed_dim": 256}'``); anything else is an error
+    naming the flag and the text."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f'{flag} {text!r} is not a JSON dict: {e}') from e
+    if not isinstance(value, dict):
+        raise ValueError(f'{flag} {text!r} is not a JSON dict')
+    return value
 
 
 def add_prior_lr_flag(parser: argparse.ArgumentParser, default: float) -> None:

@@ -28,7 +28,6 @@ Informer's full size (d_model 512, 6 epochs, patience 3), e.g. on a GPU:
   vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 --seeds 0 1 2
 """
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -132,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace) -> None:
     """Recipe-specific checks, before any folder is touched."""
     if hasattr(args, 'model_overrides'):
-        model_overrides(args.model_overrides)
+        cli.model_overrides(args.model_overrides)
     if hasattr(args, 'label_len') and args.label_len > args.seq_len:
         raise ValueError(f'--label-len {args.label_len} exceeds --seq-len {args.seq_len} (the start tokens are '
                          f'the end of the encoder input)')
@@ -170,23 +169,13 @@ def load_series(cfg: Dict[str, Any]) -> ForecastSeries:
 
 # ----------------------------------------------------------------------------------------- model
 
-def model_overrides(text: str) -> Dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict: {e}') from e
-    if not isinstance(value, dict):
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict')
-    return value
-
-
 def model_config(args: argparse.Namespace, method: str, series: ForecastSeries) -> Dict[str, Any]:
     """Registered name and constructor arguments (data sizes from the series) of a method's model."""
     dims = dict(enc_in=series.channels, dec_in=series.channels, c_out=series.out_channels, seq_len=series.seq_len,
                 label_len=series.label_len, pred_len=series.pred_len, mark_dim=series.mark_dim)
     if method == BASELINE:
         return dict(name=BASELINE, overrides=dims)
-    return dict(name=args.model, overrides=dict(model_overrides(args.model_overrides), attn=args.attn,
+    return dict(name=args.model, overrides=dict(cli.model_overrides(args.model_overrides), attn=args.attn,
                                                 cross_attn=method, **dims))
 
 

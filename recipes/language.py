@@ -137,20 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def model_overrides(text: str) -> Dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict: {e}') from e
-    if not isinstance(value, dict):
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict')
-    return value
-
-
 def validate(args: argparse.Namespace) -> None:
     """Recipe-specific checks, before any folder is touched (lengths that cannot work fail here)."""
     if hasattr(args, 'model_overrides'):
-        overrides = model_overrides(args.model_overrides)
+        overrides = cli.model_overrides(args.model_overrides)
         if 'attn' in overrides:
             raise ValueError('--model-overrides may not set "attn": use --methods')
         for attn in args.methods:  # every model must build (unknown options, GOAT modes vs head dim, ...)
@@ -190,7 +180,7 @@ def corpus(dcfg: Dict[str, Any]):
 # ----------------------------------------------------------------------------------------- model
 
 def model_config(args: argparse.Namespace, attn: str) -> Dict[str, Any]:
-    return dict(attn=attn, overrides=dict(CPU_MODEL, **model_overrides(args.model_overrides)))
+    return dict(attn=attn, overrides=dict(CPU_MODEL, **cli.model_overrides(args.model_overrides)))
 
 
 def build_model(mcfg: Dict[str, Any]) -> nn.Module:

@@ -39,7 +39,6 @@ PCN scale (paper: 16,384 points, PoinTr backbone), e.g. on GPUs:
       --lr 5e-4 --weight-decay 5e-4 --eval-every 2000 --seeds 0 --out runs/pcn
 """
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -124,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace) -> None:
     """Recipe-specific checks, before any folder is touched."""
     if hasattr(args, 'model_overrides'):
-        model_overrides(args.model_overrides)
+        cli.model_overrides(args.model_overrides)
     if getattr(args, 'categories', None):
         cli.check_unique('--categories', args.categories)
     if getattr(args, 'data', None) is None and getattr(args, 'categories', None):
@@ -161,18 +160,8 @@ def dataset(cfg: Dict[str, Any], split: str, augment: bool = False) -> PCNDatase
 
 # ----------------------------------------------------------------------------------------- model
 
-def model_overrides(text: str) -> Dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict: {e}') from e
-    if not isinstance(value, dict):
-        raise ValueError(f'--model-overrides {text!r} is not a JSON dict')
-    return value
-
-
 def model_config(args: argparse.Namespace, cross_attn: str) -> Dict[str, Any]:
-    return dict(name=args.model, overrides=dict(model_overrides(args.model_overrides), cross_attn=cross_attn))
+    return dict(name=args.model, overrides=dict(cli.model_overrides(args.model_overrides), cross_attn=cross_attn))
 
 
 def build_model(cfg: Dict[str, Any]) -> nn.Module:

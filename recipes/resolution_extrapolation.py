@@ -290,13 +290,7 @@ def size_overrides(text: str, data: Optional[str], name: str) -> Dict[str, Any]:
         return dict(BUILTIN_OVERRIDES)
     if text == 'none':
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--size-overrides {text!r} is not 'auto', 'none' or a JSON dict: {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--size-overrides {text!r} is not 'auto', 'none' or a JSON dict")
-    return value
+    return cli.model_overrides(text, '--size-overrides')
 
 
 def model_kwargs(args: argparse.Namespace, num_classes: int, name: str) -> Dict[str, Any]:
