@@ -138,6 +138,16 @@ def test_all_masked_sample_gets_the_projection_bias(cross_attn, one_thread):
     assert gc[1].abs().max() == 0
 
 
+def test_lavo_cross_path_reads_only_the_masked_mean_of_the_context(one_thread):
+    """Documented consequence of Eqs. 5-6 (non-causal CODE = masked mean after linear maps): replacing each
+    sample's context by its masked mean token leaves the LAVO block unchanged; the softmax block changes."""
+    x, context, coords, mask = _inputs(6)
+    mean = (context * mask[..., None]).sum(1, keepdim=True) / mask.sum(1, keepdim=True)[..., None]
+    lavo, softmax = _block('goat', 'lavo'), _block('goat', 'softmax')
+    torch.testing.assert_close(lavo(x, mean, coords), lavo(x, context, coords, context_mask=mask), **TOL)
+    assert (softmax(x, mean, coords) - softmax(x, context, coords, context_mask=mask)).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize('self_attn', SELF_ATTENTIONS)
 def test_torchscript_and_fx_match_eager(self_attn, one_thread):
     """Every self-attention x both cross-attentions, as the ViT blocks: scripted and fx-traced (timm's leaf

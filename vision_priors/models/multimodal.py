@@ -16,7 +16,9 @@ Self-attention (``self_attn``): ``'goat'`` (GOAT Eqs. 12 / 20-27, 1D or axis-wis
                  O(m n) for m queries and n context tokens.
   ``'lavo'``     :class:`~vision_priors.layers.LavoCrossAttention` (LAVO Sec. 3.4, Eqs. 5-6): the context is
                  compressed once into r slots per head (masked mean of ``B x_s``), every query reads the
-                 slots; O(r d (m + n)).
+                 slots; O(r d (m + n)). Non-causal CODE is a masked mean and every map before it is linear,
+                 so this output depends on the context only through its masked mean token (tested): a query
+                 cannot single out one context token, only read what the average carries.
 
 Neither cross-attention uses positions: the context carries its position in its features (e.g. a GOAT /
 PoPE image encoder's output); the query stream's own coordinates go to the self-attention only.
