@@ -6,10 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from run_helpers import assert_same_final_weights
 from vision_priors.recipes import forecast as recipe
-from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.ett import write_ett_csv
 
 TINY_MODEL = dict(d_model=8, n_heads=2, d_ff=8, lavo_slots=4)
@@ -33,9 +32,7 @@ def test_train_kill_resume_equals_uninterrupted_and_eval(tiny_csv, tmp_path):
     recipe.main([*common, '--out', str(full)])
     recipe.main([*common, '--out', str(killed), '--stop-after', '3'])
     recipe.main([*common, '--out', str(killed), '--resume'])
-    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_final_weights(full, killed)
     config = json.loads((full / 'config.json').read_text())
     assert config['borders'] == {'train': [0, 210], 'val': [194, 240], 'test': [224, 300]}
     assert config['lr'] == 1e-4 and config['method'] == 'lavo' and config['data']['pred_len'] == 4

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from run_helpers import assert_same_final_weights
 from vision_priors.recipes import language as recipe
-from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.text import PasskeyTask
 
 TINY_MODEL = dict(dim=32, depth=1, num_heads=2, goat_modes=2, lavo_window=8, lavo_slots=8)
@@ -26,9 +25,7 @@ def test_train_kill_resume_equals_uninterrupted_then_ppl(tmp_path):
     recipe.main([*common, '--out', str(full)])
     recipe.main([*common, '--out', str(killed), '--stop-after', '3'])
     recipe.main([*common, '--out', str(killed), '--resume'])
-    a = load_file(str(latest_checkpoint(full / 'pope' / 'seed0') / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed / 'pope' / 'seed0') / 'model.safetensors'))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_final_weights(full / 'pope' / 'seed0', killed / 'pope' / 'seed0')
     assert (full / 'pope' / 'seed0' / 'best' / 'model.safetensors').exists()  # best-on-validation weights
     result = recipe.main(['ppl', str(full / 'pope' / 'seed0'), '--multiples', '1', '3', '--eval-windows', '2',
                           '--cpu', '--out', str(tmp_path / 'ppl')])

@@ -4,11 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
 
+from run_helpers import assert_same_final_weights
 from vision_priors.recipes import pcn as recipe
-from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.pcn import write_pcd
 
 SHARED_DEMO = Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'pcn_demo'
@@ -35,9 +33,7 @@ def test_train_kill_resume_equals_uninterrupted_and_eval(builtin_root, tmp_path)
     recipe.main([*common, '--out', str(full)])
     recipe.main([*common, '--out', str(killed), '--stop-after', '3'])
     recipe.main([*common, '--out', str(killed), '--resume'])
-    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_final_weights(full, killed)
     result = recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--batch-size', '4',
                           '--renders', '1'])
     row = result['rows'][0]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
 
+from run_helpers import final_weights
 from vision_priors.recipes import resolution_extrapolation as recipe
 from vision_priors.recipes.checkpoints import latest_checkpoint
 
@@ -93,8 +93,7 @@ def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
     recipe.main(_train_args(killed, str(image_folder), *common, '--stop-after', '5'))
     assert json.loads((killed / 'latest.json').read_text())['step'] == 5
     recipe.main(_train_args(killed, str(image_folder), *common, '--resume'))
-    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
+    a, b = final_weights(full), final_weights(killed)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
@@ -121,7 +120,6 @@ from vision_priors.recipes.checkpoints import latest_checkpoint
 from accelerate import PartialState
 recipe.main({_train_args(tmp_path / 'ddp', str(image_folder), '--updates', '3')!r})
 state = PartialState()
-from safetensors.torch import load_file
 model = recipe.build_model('vit_tiny_patch16_goat_224', dict(num_classes=3, img_size=(32, 32), embed_dim=64,
                            depth=1, num_heads=1, patch_size=8))
 model.load_state_dict(load_file(str(latest_checkpoint({str(tmp_path / 'ddp')!r}) / 'model.safetensors')))

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from run_helpers import final_weights
 from vision_priors.recipes import spatial_vqa as recipe
-from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.image_pools import read_npz_pools
 from vision_priors.recipes.data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, QUESTION_TYPES, SceneQuestions,
                                      Vocabulary, scan_order)
@@ -165,8 +164,7 @@ def test_train_resume_eval_compare_end_to_end(tmp_path):
     with pytest.raises(FileExistsError, match='--resume'):
         recipe.main([*common, '--out', str(killed)])
     recipe.main([*common, '--out', str(killed), '--resume'])
-    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
+    a, b = final_weights(full), final_weights(killed)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)

@@ -5,15 +5,14 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from run_helpers import final_weights
 from vision_priors.layers import grid_coords
 from vision_priors.models.multimodal import CROSS_ATTENTIONS
 import math
 
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion, coordinate_features
 from vision_priors.recipes import spatial_vqa as recipe
-from vision_priors.recipes.checkpoints import latest_checkpoint
 from vision_priors.recipes.data.vqa_scenes import scan_order
 
 TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size', '16', '--goat-modes', '1',
@@ -135,8 +134,7 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     recipe.main([*common, '--out', str(full)])
     recipe.main([*common, '--out', str(killed), '--stop-after', '2'])
     recipe.main([*common, '--out', str(killed), '--resume'])
-    a = load_file(str(latest_checkpoint(full) / 'model.safetensors'))
-    b = load_file(str(latest_checkpoint(killed) / 'model.safetensors'))
+    a, b = final_weights(full), final_weights(killed)
     assert a.keys() == b.keys() and any(k.startswith('decoder_blocks.0.cross_attn.') for k in a)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
