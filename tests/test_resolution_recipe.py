@@ -118,6 +118,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from vision_priors.recipes import resolution_extrapolation as recipe
 from vision_priors.recipes.checkpoints import latest_checkpoint
 from accelerate import PartialState
+from safetensors.torch import load_file
 recipe.main({_train_args(tmp_path / 'ddp', str(image_folder), '--updates', '3')!r})
 state = PartialState()
 model = recipe.build_model('vit_tiny_patch16_goat_224', dict(num_classes=3, img_size=(32, 32), embed_dim=64,
