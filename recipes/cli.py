@@ -73,12 +73,16 @@ def command_parser(prog: str, description: str) -> Tuple[argparse.ArgumentParser
 # ----------------------------------------------------------------------------------------- groups
 
 def add_run_flags(parser: argparse.ArgumentParser, *, out: str, sweep: bool = False,
-                  default_seeds: Sequence[int] = (0,)) -> None:
-    """``--out``, ``--seed`` (or ``--seeds`` for a sweep), checkpointing, resume, logging, evaluation cadence."""
+                  default_seeds: Sequence[int] = (0,), default_jobs: int = 1) -> None:
+    """``--out``, ``--seed`` (or ``--seeds`` and ``--jobs`` for a sweep), checkpointing, resume, logging,
+    evaluation cadence."""
     g = parser.add_argument_group('run')
     g.add_argument('--out', default=out, help='output folder' + (' (one run folder per model / seed)' if sweep else ''))
     if sweep:
         g.add_argument('--seeds', type=nonnegative_int, nargs='+', default=list(default_seeds), help='training seeds')
+        g.add_argument('--jobs', type=nonnegative_int, default=default_jobs,
+                       help='runs trained at once, in worker processes sharing --threads (0 = one per CPU core '
+                            'when no GPU is present); a run\'s result does not depend on it')
     else:
         g.add_argument('--seed', type=nonnegative_int, default=default_seeds[0], help='training seed (init, data order)')
     g.add_argument('--checkpoint-every', type=nonnegative_int, default=0,

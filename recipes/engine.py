@@ -28,6 +28,7 @@ from .checkpoints import (WEIGHTS, latest_checkpoint, load_checkpoint, save_chec
                           write_manifest)
 from .logs import JsonlLogger
 
+PROGRESS = True  # training progress bars (sweep workers turn theirs off: see runs.train_sweep)
 BEST_DIR = 'best'
 
 
@@ -237,7 +238,7 @@ def fit(
     micro_per_epoch = epoch_length or len(train_loader)  # type: ignore[arg-type]
     if micro_per_epoch < 1:
         raise ValueError('the training loader is empty')
-    progress = tqdm(total=total_updates, initial=state.update, disable=not accelerator.is_main_process,
+    progress = tqdm(total=total_updates, initial=state.update, disable=not accelerator.is_main_process or not PROGRESS,
                     desc='train', dynamic_ncols=True)
     loss_sum = torch.zeros((), device=accelerator.device)
     losses_summed = 0

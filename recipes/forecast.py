@@ -46,7 +46,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep_folders
+from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
 
 BASELINE = 'linear'
 METHODS = (*CROSS_ATTENTIONS, BASELINE)  # a compare's rows: Informer with each cross-attention, the baseline
@@ -438,8 +438,7 @@ def dispatch(args: argparse.Namespace) -> Any:
     runs = [(method, pred_len, seed, run_dir) for pred_len in args.pred_lens
             for method, seed, run_dir in sweep_folders(out / f'h{pred_len}', methods, args.seeds, args.resume,
                                                        flag='--cross-attns')]
-    for method, pred_len, seed, run_dir in runs:
-        run_train(args, method, pred_len, seed, run_dir, resume_flag(args.resume, run_dir))
+    train_sweep(run_train, args, runs)
     return report(run_eval(args, [str(run_dir) for *_, run_dir in runs]), args, out)
 
 

@@ -49,7 +49,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, holds_run, load_finished_run, resume_flag, run_settings, sweep_folders
+from .runs import RunFolder, holds_run, load_finished_run, resume_flag, run_settings, sweep_folders, train_sweep
 
 CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16)
 # flags that never change what a run trains (evaluation settings, later stages' budgets)
@@ -544,8 +544,7 @@ def report(args: argparse.Namespace, out: Path, **sections: List[Dict[str, Any]]
 
 def train_all(args: argparse.Namespace, out: Path) -> List[Path]:
     runs = sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods')
-    for attn, seed, run_dir in runs:
-        run_train(args, attn, seed, run_dir, resume_flag(args.resume, run_dir))
+    train_sweep(run_train, args, runs)
     return [run_dir for _, _, run_dir in runs]
 
 

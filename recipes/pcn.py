@@ -58,7 +58,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, render_clouds, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep_folders
+from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
 
 CROSS_ATTENTIONS = ('vanilla', 'lavo')
 METRICS = ('cd_l1', 'cd_l2', 'f_score')  # CD x 1000 (lower is better), F-score@0.01 (higher is better)
@@ -414,8 +414,7 @@ def dispatch(args: argparse.Namespace) -> Any:
     if args.command == 'complete':
         return run_complete(args)
     runs = sweep_folders(out, args.cross_attns, args.seeds, args.resume, flag='--cross-attns')
-    for cross_attn, seed, run_dir in runs:
-        run_train(args, cross_attn, seed, run_dir, resume_flag(args.resume, run_dir))
+    train_sweep(run_train, args, runs)
     rows = run_eval(args, [str(run_dir) for _, _, run_dir in runs], out)
     return report(rows, args, out, f'PCN completion, {len(args.seeds)} seed(s): CD-L1 per category')
 

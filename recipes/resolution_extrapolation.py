@@ -62,7 +62,7 @@ from .engine import (close_distributed, cosine_schedule, count_updates, evaluate
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep_folders
+from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
 
 DEFAULT_MODELS = [
     'vit_tiny_patch16_224',            # learned absolute embedding (timm), resampled bicubically
@@ -561,8 +561,7 @@ def dispatch(args: argparse.Namespace) -> Any:
     if args.command == 'analyze':
         return run_analyze(args)
     runs = sweep_folders(out, args.models, args.seeds, args.resume)
-    for name, seed, run_dir in runs:
-        run_train(args, name, seed, run_dir, resume_flag(args.resume, run_dir))
+    train_sweep(run_train, args, runs)
     rows = run_eval(args, [str(run_dir) for _, _, run_dir in runs])
     return report(rows, args, out, f'trained at {res_name(args.train_res)}, {len(args.seeds)} seed(s)')
 

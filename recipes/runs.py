@@ -7,8 +7,11 @@ or compares it with the stored one (``--resume``): any difference outside the ke
 to change is an error listing the keys, and the folder is left untouched.
 """
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -21,7 +24,7 @@ RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every'
 # flags that describe a command, not one run (a sweep's lists, the output root), or that the config
 # stores on its own (the model / method and the seed of the run)
 COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed',
-                 'cross_attn', 'cross_attns')
+                 'cross_attn', 'cross_attns', 'jobs')
 
 
 def run_settings(args: Any, **extra: Any) -> Dict[str, Any]:
@@ -144,5 +147,53 @@ def resume_flag(resume: bool, run_dir: Path) -> bool:
     return resume and holds_run(run_dir)
 
 
+def sweep_jobs(jobs: int, num_runs: int) -> int:
+    """Worker processes for a sweep of ``num_runs`` runs: ``--jobs`` (0 = one per CPU core when no GPU is
+    present, else 1), never more than the runs, and 1 under a multi-process launch (``accelerate launch``)."""
+    if int(os.environ.get('WORLD_SIZE', '1')) > 1:
+        return 1
+    if jobs == 0:
+        jobs = 1 if torch.cuda.is_available() else (os.cpu_count() or 1)
+    return max(1, min(jobs, num_runs))
+
+
+def _start_worker(threads: int) -> None:
+    from . import engine
+    engine.PROGRESS = False  # one progress bar per worker would interleave; the sweep reports finished runs
+    torch.set_num_threads(threads)
+
+
+def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, ...]], **kwargs: Any) -> None:
+    """Train every run of a sweep: ``train(args, *run, resume, **kwargs)`` with ``run = (..., run_dir)`` and
+    ``resume`` from :func:`resume_flag`.
+
+    With ``args.jobs`` > 1 (see :func:`sweep_jobs`) the runs train in that many spawned worker processes, each
+    with ``threads // jobs`` torch threads (at least 1; ``threads`` is ``--threads`` or torch's default). Every
+    run is seeded by itself, so at the same threads per run its weights are those it gets when trained alone
+    (other thread counts change float rounding only). The first failure is raised
+    once the runs already started have finished.
+    """
+    jobs = sweep_jobs(getattr(args, 'jobs', 1), len(runs))
+    if jobs == 1:
+        for run in runs:
+            train(args, *run, resume_flag(args.resume, Path(run[-1])), **kwargs)
+        return
+    threads = max(1, (getattr(args, 'threads', 0) or torch.get_num_threads()) // jobs)
+    context = multiprocessing.get_context('spawn')
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(threads,)) as pool:
+        futures = [(run, pool.submit(train, args, *run, resume_flag(args.resume, Path(run[-1])), **kwargs))
+                   for run in runs]
+        errors = []
+        for run, future in futures:
+            try:
+                future.result()
+                print(f'trained: {run[-1]}', flush=True)
+            except Exception as error:  # noqa: BLE001 - reported below, the first one raised
+                print(f'FAILED: {run[-1]}: {type(error).__name__}: {error}', flush=True)
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
 __all__ = ['CONFIG', 'CheckpointError', 'FinishedRun', 'RunFolder', 'config_differences', 'holds_run',
-           'load_finished_run', 'resume_flag', 'run_settings', 'sweep_folders', 'to_json']
+           'load_finished_run', 'resume_flag', 'run_settings', 'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']

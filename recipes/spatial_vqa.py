@@ -119,7 +119,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, mean_std, write_results
-from .runs import RunFolder, load_finished_run, resume_flag, run_settings, sweep_folders
+from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
 
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
@@ -499,8 +499,7 @@ def dispatch(args: argparse.Namespace) -> Dict[str, Any]:
     names = [model_name(m, arch, c) for m in args.methods for arch in args.archs
              for c in (args.cross_attns if arch == 'fusion' else ['softmax'])]
     runs = sweep_folders(out, names, args.seeds, args.resume, flag='--methods')
-    for method, seed, run_dir in runs:
-        run_train(args, method, seed, run_dir, resume_flag(args.resume, run_dir))
+    train_sweep(run_train, args, runs)
     rows = run_eval(args, [str(run_dir) for _, _, run_dir in runs], {})
     return report(rows, args, out, f'spatial VQA, {len(args.seeds)} seed(s), train orders '
                                    f'{", ".join(args.train_orders)}')

@@ -270,3 +270,26 @@ def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_pat
     with pytest.raises(ValueError, match=r'early stopping \(patience\) needs best_metric'):
         fit(accelerator, model, optimizer, None, loader, torch.nn.functional.cross_entropy, 1, tmp_path / 'x',
             evaluate=evaluate, patience=1)
+
+
+def test_sweep_jobs_train_the_same_runs_in_worker_processes(tmp_path, monkeypatch):
+    """``--jobs 2`` trains a sweep's runs in two spawned processes; every run ends with the weights it gets
+    when the sweep trains one run at a time."""
+    from run_helpers import assert_same_final_weights
+    flags = ['compare', '--models', 'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224', '--seeds', '3',
+             '--updates', '3', '--batch-size', '8', '--train-samples', '32', '--val-samples', '8',
+             '--size-overrides', json.dumps(dict(embed_dim=32, depth=1, num_heads=1, patch_size=16)),
+             '--train-res', '32', '--eval-res', '32', '--cpu', '--threads', '1']
+    resolution_extrapolation.main([*flags, '--jobs', '1', '--out', str(tmp_path / 'one')])
+    resolution_extrapolation.main([*flags, '--jobs', '2', '--out', str(tmp_path / 'two')])
+    for name in ('vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224'):
+        assert_same_final_weights(tmp_path / 'one' / name / 'seed3', tmp_path / 'two' / name / 'seed3')
+    # --jobs describes the command, not a run: resuming with another value is allowed
+    stored = json.loads((tmp_path / 'two' / 'vit_tiny_patch16_224' / 'seed3' / 'config.json').read_text())
+    assert 'jobs' not in json.dumps(stored)
+
+
+def test_sweep_jobs_count():
+    from vision_priors.recipes.runs import sweep_jobs
+    assert sweep_jobs(1, 6) == 1 and sweep_jobs(4, 3) == 3 and sweep_jobs(2, 6) == 2
+    assert 1 <= sweep_jobs(0, 6) <= 6
