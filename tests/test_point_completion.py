@@ -192,3 +192,25 @@ def test_training_reduces_loss(cross_attn):
         losses.append(loss.item())
     first, last = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
     assert last < 0.5 * first, (first, last, losses)
+
+
+def test_initialisation_as_pointr_transformer_trunc_normal_rebuild_head_default():
+    """PoinTr starts its transformer trunc-normal(0.02) and its rebuild head (increase_dim, reduce_map, the
+    folding net) with PyTorch's default."""
+    torch.manual_seed(0)
+    model = create_completion_model('pointr_cpu', cross_attn='vanilla')
+    assert model.encoder[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.decoder[0].cross_attn.q.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    c = model.embed_dim
+    fold = model.fold
+    for feat, seed in ((fold.feat1, fold.seed1), (fold.feat2, fold.seed2)):
+        bound = (c + seed.in_features) ** -0.5  # the concatenated layer's fan-in, as PoinTr's Conv1d
+        for w in (feat.weight, feat.bias, seed.weight):
+            assert w.abs().max().item() <= bound and w.abs().max().item() > 0.9 * bound
+    uniform_std = (model.reduce_map.in_features * 3) ** -0.5  # U(+-1/sqrt(fan_in)) has std 1/sqrt(3 fan_in)
+    assert model.reduce_map.weight.std().item() == pytest.approx(uniform_std, rel=0.1)
+    # the grid seed reaches the offsets: their spread over a query's 64 fine points is ~1e-4 at this start,
+    # against ~2e-7 when the head starts trunc-normal(0.02) too
+    coarse, fine = model(torch.randn(2, 256, 3))
+    offsets = fine.reshape(2, model.num_queries, model.points_per_query, 3) - coarse[:, :, None, :]
+    assert offsets.std(dim=2).mean().item() > 1e-5
