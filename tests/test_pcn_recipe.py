@@ -56,6 +56,9 @@ def test_compare_both_cross_attentions_and_complete_real_scans(builtin_root, tmp
     for cell in result['summary'].values():
         assert cell['seeds'] == [0, 1] and cell['overall']['cd_l1']['n'] == 2
     assert (out / 'pcn_cd_l1.png').exists() and (out / 'lavo' / 'seed1' / 'best' / 'model.safetensors').exists()
+    floor = json.loads((out / 'results.json').read_text())['sampling_floor']
+    assert floor['points_per_draw'] == [256, 256] and 0 < floor['overall']['cd_l1'] < 100
+    assert 'Sampling floor (two disjoint draws of 256' in result['table_markdown']
     scans = sorted(SHARED_DEMO.glob('*.pcd'))[:1] + sorted(SHARED_DEMO.glob('*.ply'))[:1]
     if not scans:  # a user's clone has no ../shared: complete a scan the test writes
         scan = tmp_path / 'scan.pcd'
@@ -78,3 +81,23 @@ def test_recipe_errors(builtin_root, tmp_path):
     with pytest.raises(FileNotFoundError):
         recipe.main(['train', *tiny(builtin_root), '--data', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'r')])
     assert not (tmp_path / 'r').exists()
+
+
+def test_sampling_floor_hand_checked(tmp_path):
+    """Two ground-truth points 0.005 apart: the two disjoint one-point draws are 0.005 apart both ways, so
+    CD-L1 = 5, CD-L2 = 2 * 0.005^2 * 1000 = 0.05 and F-score@0.01 = 1; a category mean of the two items."""
+    from test_data_pcn import make_pcn
+    from vision_priors.recipes.data.pcn import PCNDataset
+    pair = np.array([[0, 0, 0], [0.003, 0.004, 0]], np.float32)
+    wide = np.array([[0, 0, 0], [0.02, 0, 0]], np.float32)  # 0.02 apart: CD-L1 20, F-score 0
+    view = np.zeros((4, 3), np.float32)
+    make_pcn(tmp_path, {('chair', '03001627'): {'a': (pair, [view])}, ('lamp', '03636649'): {'b': (wide, [view])}},
+             split='test')
+    floor = recipe.sampling_floor(PCNDataset(tmp_path, 'test', num_partial=4, num_complete=1))
+    assert floor['points_per_draw'] == [1, 1]
+    assert floor['by_category']['chair']['cd_l1'] == pytest.approx(5.0, rel=1e-5)
+    assert floor['by_category']['chair']['cd_l2'] == pytest.approx(0.05, rel=1e-5)
+    assert floor['by_category']['chair']['f_score'] == pytest.approx(1.0)
+    assert floor['by_category']['lamp']['cd_l1'] == pytest.approx(20.0, rel=1e-5)
+    assert floor['by_category']['lamp']['f_score'] == pytest.approx(0.0)
+    assert floor['overall']['cd_l1'] == pytest.approx(12.5, rel=1e-5)
