@@ -12,15 +12,15 @@ try:  # the op needs Triton (Linux); the reference does not
 except ImportError:  # pragma: no cover - platform without Triton
     pass
 
-# --- lavo, chamfer (LAVO CODE / local window, Chamfer distance; ops + dense references) ---
+# --- lavo, chamfer (LAVO CODE / local window in 1D and on a grid, Chamfer distance; ops + dense references) ---
 from .chamfer import chamfer_distance, chamfer_nn  # noqa: E402,F401
 from .chamfer_ref import chamfer_nn_reference  # noqa: E402,F401
-from .lavo import lavo_global, lavo_local  # noqa: E402,F401
-from .lavo_ref import lavo_global_reference, lavo_local_reference  # noqa: E402,F401
+from .lavo import lavo_global, lavo_local, lavo_local_2d  # noqa: E402,F401
+from .lavo_ref import lavo_global_reference, lavo_local_2d_reference, lavo_local_reference  # noqa: E402,F401
 
 # --- pope_cpu (compiled C++ op for PoPE CPU inference; its torch-op twin is in vision_priors/layers/pope.py) ---
 from .pope_cpu import pope_cpu_attention  # noqa: E402,F401  (built on first call, not on import)
 
 __all__ = ['chamfer_distance', 'chamfer_nn', 'chamfer_nn_reference', 'flash_prior_attention',
-           'flash_prior_attention_ref', 'lavo_global', 'lavo_global_reference', 'lavo_local', 'lavo_local_reference',
-           'pope_cpu_attention']
+           'flash_prior_attention_ref', 'lavo_global', 'lavo_global_reference', 'lavo_local', 'lavo_local_2d',
+           'lavo_local_2d_reference', 'lavo_local_reference', 'pope_cpu_attention']

@@ -1,6 +1,6 @@
 """Triton kernels of LAVO attention (Zhang et al., arXiv:2312.11135), forward and backward.
 
-Two ops, each an ``autograd.Function`` that runs Triton on CUDA tensors (or on CPU tensors in Triton's
+Three ops, each an ``autograd.Function`` that runs Triton on CUDA tensors (or on CPU tensors in Triton's
 interpreter: ``TRITON_INTERPRET=1`` set before triton is first imported). Their PyTorch backend
 (``backend='torch'``, or CPU tensors under 'auto') is the exact blocked / cumulative-sum path of
 ``lavo_torch.py``, which ``LavoAttention`` also runs; the dense references with the same signatures are
@@ -32,6 +32,14 @@ in ``lavo_ref.py``.
     Flash-style: online softmax over key tiles inside the window band, log-sum-exp saved; backward
     in two kernels (dk/dv over query tiles; dq and the bias gradient over key tiles).
 
+``lavo_local_2d(q, k, v, rel_bias, scale, grid_size, window, key_mask=None, mode='sliding')`` -- the same
+    local branch on a row-major (gh x gw) patch grid (``LavoAttention`` with ``grid_size``): the embedded
+    relative positions of Sec. 3.3 become a (2w - 1)^2 table, logit ``scale q_i . k_j + P[(dy + w - 1) (2w - 1)
+    + dx + w - 1]`` for ``|dy|, |dx| <= w - 1`` (``mode='sliding'``) or within the query's own w x w tile
+    (``mode='block'``). A program takes a row segment of queries and walks the key row segments within the
+    halo, so each tile has one dy and the 1D diagonal trick gives the bias gradient; the window test and the
+    bias index come from the coordinates, never from (2w - 1)^2 copies.
+
 Padding: ``key_mask`` (B, L) bool, True = valid key (``_backend.check_key_mask``). The kernels apply no
 dropout. Accumulation is float32 (inputs fp16 / bf16 / fp32); ``tl.dot`` precision follows the one rule
 of ``_backend.dot_precision`` ('ieee' for float32 unless PyTorch allows TF32; 'ieee' in the interpreter).
@@ -39,7 +47,7 @@ Backend choice: ``backend='triton'|'torch'`` > env ``VISION_PRIORS_KERNELS`` > '
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,9 +55,9 @@ from torch import Tensor
 
 from ._backend import (HAS_TRITON, TORCH_TO_TRITON, aot_signature, dot_precision, empty, gpu_dot_precision,
                        next_power_of_2, resolve_backend)
-from .lavo_ref import check_lavo_global_args, check_lavo_local_args
-from .lavo_ref import lavo_global_reference, lavo_local_reference  # noqa: F401  (also importable from here)
-from .lavo_torch import lavo_global_torch, lavo_local_torch
+from .lavo_ref import check_lavo_global_args, check_lavo_local_2d_args, check_lavo_local_args
+from .lavo_ref import lavo_global_reference, lavo_local_2d_reference, lavo_local_reference  # noqa: F401
+from .lavo_torch import lavo_global_torch, lavo_local_2d_torch, lavo_local_torch
 
 if HAS_TRITON:
     import triton
@@ -57,7 +65,8 @@ if HAS_TRITON:
 else:  # pragma: no cover - platform without Triton: the kernels below are never defined or launched
     triton = None
 
-__all__ = ['lavo_global', 'lavo_local', 'global_config', 'local_config', 'aot_specs']
+__all__ = ['lavo_global', 'lavo_local', 'lavo_local_2d', 'global_config', 'local_config', 'local_2d_config',
+           'aot_specs']
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,6 +112,29 @@ def local_config(dtype: torch.dtype, head_dim: int, window: int) -> Dict[str, in
         tile, warps = 32, 8 if bd > 64 else 4
     return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_D=bd, BLOCK_W=next_power_of_2(2 * window - 1),
                 BLOCK_DIAG=next_power_of_2(2 * tile - 1), num_warps=warps, num_stages=2)
+
+
+def local_2d_config(dtype: torch.dtype, head_dim: int, window: int) -> Dict[str, int]:
+    """Tile sizes and launch options of the ``lavo_local_2d`` kernels (pinned: one configuration per problem).
+
+    Row segments of 16 patches (grid rows are short: 14 on a ViT-B/16 224 x 224 grid) and 8 warps, one stage:
+    the configuration that ptxas compiles without spills for fp16 and fp32 inputs at d = 32, 64 and 128 on
+    sm_80 and sm_90 (4 warps, two stages or 32-patch segments spill a few bytes in some of these).
+
+    Args:
+        dtype: Input dtype (kept for the signature of the other config functions; the tiles do not depend on it).
+        head_dim: d.
+        window: w (the bias table has (2w - 1)^2 entries: ``BLOCK_KW2``).
+
+    Returns:
+        ``BLOCK_M`` (query row segment), ``BLOCK_N`` (key row segment), ``BLOCK_D`` (d padded to a power of two
+        >= 16), ``BLOCK_KW2`` (power of two >= (2w - 1)^2: the bias gradient), ``BLOCK_DIAG`` (power of two
+        >= BLOCK_M + BLOCK_N - 1), ``num_warps``, ``num_stages``.
+    """
+    del dtype
+    tile, kw = 16, 2 * window - 1
+    return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_D=next_power_of_2(head_dim), BLOCK_KW2=next_power_of_2(kw * kw),
+                BLOCK_DIAG=next_power_of_2(2 * tile - 1), num_warps=8, num_stages=1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,6 +626,256 @@ if HAS_TRITON:
             nm = tl.num_programs(0)
             tl.store(DBIAS + (bh.to(tl.int64) * nm + pid_m) * BLOCK_W + offs_o, dbias)
 
+    # --------------------------------------------------------------------------------------------
+    # Triton kernels: 2D local window over a row-major patch grid
+    #
+    # A query tile is a segment of BLOCK_M patches of one grid row; its keys are the segments of the grid rows
+    # within the halo (the same row segment widened by w - 1 columns each side), so every (query, key) tile
+    # has one row offset dy, and the column offset dx = kx - qx runs along the tile's diagonals as in 1D.
+    # The in-window test and the bias index (dy + w - 1) (2w - 1) + dx + w - 1 are computed per tile from the
+    # coordinates: no (2w - 1)^2 copies of keys, values, masks or biases are made.
+
+    @triton.jit
+    def _grid_partner_range(y, x0, GH, GW, W, BLOCK: tl.constexpr, BLOCK_MODE: tl.constexpr):
+        """Rows [y_lo, y_hi) and columns [x_lo, x_hi) of the patches that a segment (row y, columns
+        x0 .. x0 + BLOCK - 1) may pair with: within w - 1 rows / columns, or (BLOCK_MODE) in the same w x w tiles.
+        The relation is symmetric: keys of a query segment, or queries of a key segment."""
+        x_last = tl.minimum(x0 + BLOCK, GW) - 1
+        if BLOCK_MODE:
+            y_lo = (y // W) * W
+            y_hi = y_lo + W
+            x_lo = (x0 // W) * W
+            x_hi = (x_last // W) * W + W
+        else:
+            y_lo = y - (W - 1)
+            y_hi = y + W
+            x_lo = x0 - (W - 1)
+            x_hi = x_last + W
+        return tl.maximum(y_lo, 0), tl.minimum(y_hi, GH), tl.maximum(x_lo, 0), tl.minimum(x_hi, GW)
+
+    @triton.jit
+    def _grid_scores(q, k, qy, ky, offs_qx, offs_kx, ok, scale, BIAS, W, BLOCK_MODE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """Scaled scores of a (query row segment, key row segment) tile plus the bias
+        P[(dy + w - 1) (2w - 1) + dx + w - 1], and ``ok`` narrowed to |dx| <= w - 1 (or the same tile column).
+        The rows qy, ky come from ``_grid_partner_range``, which already keeps |dy| <= w - 1 (same tile row)."""
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+        dx = offs_kx[None, :] - offs_qx[:, None]
+        if BLOCK_MODE:
+            ok = ok & ((offs_kx[None, :] // W) == (offs_qx[:, None] // W))
+        else:
+            ok = ok & (dx >= 1 - W) & (dx <= W - 1)
+        if HAS_BIAS:
+            s += tl.load(BIAS + (ky - qy + W - 1) * (2 * W - 1) + (W - 1) + dx, mask=ok, other=0.)
+        return s, ok
+
+    @triton.jit
+    def _grid_key_tile(q, k_base, v_base, MASK, mask_row, qy, ky, offs_qx, offs_kx, offs_d, dmask, mmask, GW, scale,
+                       BIAS, W, stride_kl, stride_vl, BLOCK_MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """A key row segment of a query row segment's window: k, v, the scores (bias added) and the valid pairs:
+        inside the grid, valid keys (with a mask), inside the window."""
+        nmask = offs_kx < GW
+        offs_n = ky * GW + offs_kx
+        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.)
+        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.)
+        ok = nmask[None, :] & mmask[:, None]
+        if HAS_MASK:
+            kv = tl.load(MASK + mask_row + offs_n, mask=nmask, other=0)
+            ok = ok & (kv != 0)[None, :]
+        s, ok = _grid_scores(q, k, qy, ky, offs_qx, offs_kx, ok, scale, BIAS, W, BLOCK_MODE, HAS_BIAS,
+                             INPUT_PRECISION)
+        return k, v, s, ok
+
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None})
+    @triton.jit
+    def _local2d_fwd_kernel(
+            Q, K, V, BIAS, MASK, OUT, LSE, scale, GH, GW, D, W, NH, NXT,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_ob, stride_oh, stride_ol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_MODE: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """2D windowed softmax attention with the bias of Sec. 3.3 for a row segment of BLOCK_M patches
+        (program (row * NXT + segment, batch * head)); online softmax over the key row segments."""
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        qy = pid // NXT
+        qx0 = (pid % NXT) * BLOCK_M
+        offs_qx = qx0 + tl.arange(0, BLOCK_M)
+        mmask = offs_qx < GW
+        offs_m = qy * GW + offs_qx
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        md_mask = mmask[:, None] & dmask[None, :]
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        ky_lo, ky_hi, kx_lo, kx_hi = _grid_partner_range(qy, qx0, GH, GW, W, BLOCK_M, BLOCK_MODE)
+        m_i = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        n_cx = tl.cdiv(kx_hi - kx_lo, BLOCK_N)
+        for it in range(0, (ky_hi - ky_lo) * n_cx):  # one flat loop over (key row, column segment)
+            ky = ky_lo + it // n_cx
+            offs_kx = kx_lo + (it % n_cx) * BLOCK_N + tl.arange(0, BLOCK_N)
+            k, v, s, ok = _grid_key_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, qy, ky, offs_qx,
+                                         offs_kx, offs_d, dmask, mmask, GW, scale, BIAS, W, stride_kl, stride_vl,
+                                         BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
+            s = tl.where(ok, s, float('-inf'))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float('-inf'), 0., m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            m_i = m_new
+        has = l_i > 0.
+        out = acc / tl.where(has, l_i, 1.)[:, None]
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.)), float('inf'))
+        tl.store(OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh
+                 + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=md_mask)
+        tl.store(LSE + bh.to(tl.int64) * GH * GW + offs_m, lse, mask=mmask)
+
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None})
+    @triton.jit
+    def _local2d_bwd_dkdv_kernel(
+            Q, K, V, BIAS, MASK, DO, LSE, DELTA, DK, DV, scale, GH, GW, D, W, NH, NXT,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_MODE: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """dk, dv of a row segment of BLOCK_N keys (NXT segments per row), looping over the query row segments
+        whose windows hold them. DK / DV like DO."""
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        ky = pid // NXT
+        kx0 = (pid % NXT) * BLOCK_N
+        offs_kx = kx0 + tl.arange(0, BLOCK_N)
+        nmask = offs_kx < GW
+        offs_n = ky * GW + offs_kx
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        nd_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+                    + offs_n[:, None] * stride_kl + offs_d[None, :], mask=nd_mask, other=0.)
+        v = tl.load(V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+                    + offs_n[:, None] * stride_vl + offs_d[None, :], mask=nd_mask, other=0.)
+        if HAS_MASK:
+            kvalid = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0) != 0
+        else:
+            kvalid = nmask
+        kvalid = kvalid & nmask
+        q_base = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+        do_base = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh
+        row_base = bh.to(tl.int64) * GH * GW
+        qy_lo, qy_hi, qx_lo, qx_hi = _grid_partner_range(ky, kx0, GH, GW, W, BLOCK_N, BLOCK_MODE)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        n_cx = tl.cdiv(qx_hi - qx_lo, BLOCK_M)
+        for it in range(0, (qy_hi - qy_lo) * n_cx):  # one flat loop over (query row, column segment)
+            qy = qy_lo + it // n_cx
+            offs_qx = qx_lo + (it % n_cx) * BLOCK_M + tl.arange(0, BLOCK_M)
+            mmask = offs_qx < GW
+            offs_m = qy * GW + offs_qx
+            md_mask = mmask[:, None] & dmask[None, :]
+            q = tl.load(q_base + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+            do = tl.load(do_base + offs_m[:, None] * stride_dol + offs_d[None, :], mask=md_mask, other=0.)
+            lse = tl.load(LSE + row_base + offs_m, mask=mmask, other=float('inf'))
+            delta = tl.load(DELTA + row_base + offs_m, mask=mmask, other=0.)
+            ok = kvalid[None, :] & mmask[:, None]
+            s, ok = _grid_scores(q, k, qy, ky, offs_qx, offs_kx, ok, scale, BIAS, W, BLOCK_MODE, HAS_BIAS,
+                                 INPUT_PRECISION)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=INPUT_PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=INPUT_PRECISION)
+        dk = dk * scale
+        out_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_n[:, None] * stride_dol
+                   + offs_d[None, :])
+        tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
+        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+    @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
+                        'HAS_MASK': lambda args: args['MASK'] is not None,
+                        'COMPUTE_DBIAS': lambda args: args['DBIAS'] is not None})
+    @triton.jit
+    def _local2d_bwd_dq_kernel(
+            Q, K, V, BIAS, MASK, DO, LSE, DELTA, DQ, DBIAS, scale, GH, GW, D, W, NH, NXT,
+            stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+            stride_vb, stride_vh, stride_vl, stride_dob, stride_doh, stride_dol, stride_mb,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KW2: tl.constexpr,
+            BLOCK_DIAG: tl.constexpr, BLOCK_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            COMPUTE_DBIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """dq of a row segment of BLOCK_M queries and its partial bias gradient (bh, program, (2w - 1)^2 table
+        entries padded to BLOCK_KW2): entry (dy, dx) sums dS over the pairs with that offset."""
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // NH
+        hh = bh % NH
+        qy = pid // NXT
+        qx0 = (pid % NXT) * BLOCK_M
+        offs_qx = qx0 + tl.arange(0, BLOCK_M)
+        mmask = offs_qx < GW
+        offs_m = qy * GW + offs_qx
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < D
+        md_mask = mmask[:, None] & dmask[None, :]
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        do_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dol
+                  + offs_d[None, :])
+        do = tl.load(DO + do_off, mask=md_mask, other=0.)
+        lse = tl.load(LSE + bh.to(tl.int64) * GH * GW + offs_m, mask=mmask, other=float('inf'))
+        delta = tl.load(DELTA + bh.to(tl.int64) * GH * GW + offs_m, mask=mmask, other=0.)
+        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        ky_lo, ky_hi, kx_lo, kx_hi = _grid_partner_range(qy, qx0, GH, GW, W, BLOCK_M, BLOCK_MODE)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        dbias = tl.zeros([BLOCK_KW2], dtype=tl.float32)
+        offs_o = tl.arange(0, BLOCK_KW2)  # table entry (dy + w - 1) (2w - 1) + dx + w - 1
+        o_row = offs_o // (2 * W - 1)
+        o_dx = offs_o - o_row * (2 * W - 1) - (W - 1)
+        o_ok = offs_o < (2 * W - 1) * (2 * W - 1)
+        n_cx = tl.cdiv(kx_hi - kx_lo, BLOCK_N)
+        for it in range(0, (ky_hi - ky_lo) * n_cx):  # one flat loop over (key row, column segment)
+            ky = ky_lo + it // n_cx
+            start = kx_lo + (it % n_cx) * BLOCK_N
+            offs_kx = start + tl.arange(0, BLOCK_N)
+            k, v, s, ok = _grid_key_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, qy, ky, offs_qx,
+                                         offs_kx, offs_d, dmask, mmask, GW, scale, BIAS, W, stride_kl, stride_vl,
+                                         BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
+            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
+            if COMPUTE_DBIAS:
+                # One row offset dy = ky - qy per tile; dx = (start - qx0) + c - a runs along the diagonals
+                # c - a = t - (BLOCK_M - 1) of ds (as in the 1D dq kernel): diagonal sums, then gathered to the
+                # table entries of row dy + w - 1 (ds is 0 outside the window).
+                rows = tl.arange(0, BLOCK_M)
+                col = rows[:, None] + tl.arange(0, BLOCK_DIAG)[None, :] - (BLOCK_M - 1)
+                col_ok = (col >= 0) & (col < BLOCK_N)
+                col = tl.minimum(tl.maximum(col, 0), BLOCK_N - 1)
+                diag_sum = tl.sum(tl.where(col_ok, tl.gather(ds, col, 1), 0.), axis=0)
+                t_idx = o_dx - (start - qx0) + (BLOCK_M - 1)
+                t_ok = o_ok & (o_row == ky - qy + W - 1) & (t_idx >= 0) & (t_idx < BLOCK_DIAG)
+                t_idx = tl.minimum(tl.maximum(t_idx, 0), BLOCK_DIAG - 1)
+                dbias += tl.where(t_ok, tl.gather(diag_sum, t_idx, 0), 0.)
+        dq = dq * scale
+        tl.store(DQ + do_off, dq.to(DQ.dtype.element_ty), mask=md_mask)
+        if COMPUTE_DBIAS:
+            nm = tl.num_programs(0)
+            tl.store(DBIAS + (bh.to(tl.int64) * nm + pid) * BLOCK_KW2 + offs_o, dbias)
 
 # ------------------------------------------------------------------------------------------------
 # input checks (the shared ones are in lavo_ref.py)
@@ -826,11 +1108,113 @@ def lavo_local(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scal
 
 
 # ------------------------------------------------------------------------------------------------
+# 2D local window branch: autograd Function, public op
+
+class _LavoLocal2dFn(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], key_mask: Optional[Tensor],
+                scale: float, grid_h: int, grid_w: int, window: int, block: bool) -> Tensor:
+        bsz, nh, length, d = q.shape
+        cfg = local_2d_config(q.dtype, d, window)
+        q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+        dev = q.device
+        mask = _mask_u8(key_mask) if key_mask is not None else None
+        bias = rel_bias.detach().to(torch.float32).contiguous() if rel_bias is not None else None
+        out = empty(*q.shape, device=dev, dtype=q.dtype)
+        lse = empty(bsz * nh, length, device=dev, dtype=torch.float32)
+        prec = dot_precision(q.dtype)
+        nxt = triton.cdiv(grid_w, cfg['BLOCK_M'])
+        _local2d_fwd_kernel[(grid_h * nxt, bsz * nh)](
+            q, k, v, bias, mask, out, lse,
+            float(scale), grid_h, grid_w, d, window, nh, nxt,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            mask.stride(0) if mask is not None else 0,
+            BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], BLOCK_MODE=block,
+            INPUT_PRECISION=prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+        ctx.scale, ctx.grid, ctx.window, ctx.block, ctx.cfg, ctx.prec = (float(scale), (grid_h, grid_w), window,
+                                                                         block, cfg, prec)
+        ctx.bias_dtype = rel_bias.dtype if rel_bias is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor):
+        q, k, v, bias, mask, out, lse = ctx.saved_tensors
+        cfg, w = ctx.cfg, ctx.window
+        gh, gw = ctx.grid
+        bsz, nh, length, d = q.shape
+        dev = q.device
+        do = dout.contiguous()
+        delta = (do.to(torch.float32) * out.to(torch.float32)).sum(-1).reshape(bsz * nh, length).contiguous()
+        dq = empty(*do.shape, device=dev, dtype=q.dtype)
+        dk = empty(*do.shape, device=dev, dtype=k.dtype)
+        dv = empty(*do.shape, device=dev, dtype=v.dtype)
+        smb = mask.stride(0) if mask is not None else 0
+        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2), smb)
+        flags = dict(BLOCK_M=cfg['BLOCK_M'], BLOCK_N=cfg['BLOCK_N'], BLOCK_D=cfg['BLOCK_D'], BLOCK_MODE=ctx.block,
+                     INPUT_PRECISION=ctx.prec, num_warps=cfg['num_warps'], num_stages=cfg['num_stages'])
+        nxn = triton.cdiv(gw, cfg['BLOCK_N'])
+        _local2d_bwd_dkdv_kernel[(gh * nxn, bsz * nh)](
+            q, k, v, bias, mask, do, lse, delta, dk, dv, ctx.scale, gh, gw, d, w, nh, nxn, *strides, **flags)
+        nxt = triton.cdiv(gw, cfg['BLOCK_M'])
+        compute_dbias = bias is not None and bool(ctx.needs_input_grad[3])
+        dbias_part = (empty(bsz * nh, gh * nxt, cfg['BLOCK_KW2'], device=dev, dtype=torch.float32)
+                      if compute_dbias else None)  # None: the kernel's COMPUTE_DBIAS is off
+        _local2d_bwd_dq_kernel[(gh * nxt, bsz * nh)](
+            q, k, v, bias, mask, do, lse, delta, dq, dbias_part, ctx.scale, gh, gw, d, w, nh, nxt, *strides,
+            BLOCK_KW2=cfg['BLOCK_KW2'], BLOCK_DIAG=cfg['BLOCK_DIAG'], **flags)
+        kw = 2 * w - 1
+        dbias = dbias_part.sum(dim=(0, 1))[:kw * kw].to(ctx.bias_dtype) if compute_dbias else None
+        return dq, dk, dv, dbias, None, None, None, None, None, None
+
+
+def lavo_local_2d(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float,
+                  grid_size: Sequence[int], window: int, key_mask: Optional[Tensor] = None, mode: str = 'sliding',
+                  backend: str = 'auto') -> Tensor:
+    """LAVO's local branch on a row-major patch grid: 2D windowed softmax attention with the embedded relative
+    position bias of Sec. 3.3 (Secs. 3.2-3.3 read on a grid, as ``LavoAttention`` with ``grid_size``).
+
+    Patch i = (y_i, x_i) attends to patch j with logit ``scale q_i . k_j + P[(dy + w - 1) (2w - 1) + dx + w - 1]``,
+    ``(dy, dx) = (y_j - y_i, x_j - x_i)``, for ``|dy|, |dx| <= w - 1`` (``mode='sliding'``) or for j in the
+    query's own non-overlapping ``w x w`` tile (``mode='block'``, the context-dissection aggregate). Invalid
+    keys are dropped; a query with no valid key gets 0. The Triton kernels take a row segment of queries against
+    the key rows within the halo and compute the in-window test and the bias index from the coordinates
+    (flash-style online softmax, log-sum-exp saved; backward in two kernels as ``lavo_local``).
+
+    Args:
+        q, k, v: (B, heads, gh * gw, d) row-major patches, one dtype and device.
+        rel_bias: P, ((2w - 1)^2,) (the layer's ``rel_bias_2d``), or None for no bias.
+        scale: Logit scale on ``q . k``.
+        grid_size: (gh, gw) ints.
+        window: w >= 1 (the layer's ``window_2d``): half-width w - 1.
+        key_mask: Optional (B, gh * gw) bool, True = valid key (the package's one convention).
+        mode: 'sliding' or 'block'.
+        backend: 'auto', 'triton' or 'torch' (the layer's own blocked path ``lavo_torch.lavo_local_2d_torch``).
+
+    Returns:
+        (B, heads, gh * gw, d), dtype of q; differentiable in q, k, v and rel_bias.
+    """
+    gh, gw = check_lavo_local_2d_args(q, k, v, rel_bias, grid_size, window, mode, key_mask)
+    if resolve_backend(backend, q, k, v, rel_bias, key_mask) == 'torch':
+        return lavo_local_2d_torch(q, k, v, rel_bias, float(scale), (gh, gw), window, key_mask, mode)
+    _check_triton_dtype(q, 'q')
+    if rel_bias is not None:
+        _check_triton_dtype(rel_bias, 'rel_bias')
+    return _LavoLocal2dFn.apply(q, k, v, rel_bias, key_mask, float(scale), gh, gw, window, mode == 'block')
+
+
+# ------------------------------------------------------------------------------------------------
 # ahead-of-time compilation specs
 
 _AOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _AOT_HEAD_DIMS = (32, 64, 128)
 _AOT_WINDOW = 64  # the layer's default w (sets BLOCK_W of the dq kernel only)
+# 2D window (CI budget: one head dim, fp16 and fp32; the layer's default w2 = 4)
+_AOT_2D_DTYPES = (torch.float16, torch.float32)
+_AOT_2D_HEAD_DIM, _AOT_2D_WINDOW = 64, 4
 
 
 def aot_specs() -> List[Dict[str, Any]]:
@@ -839,6 +1223,8 @@ def aot_specs() -> List[Dict[str, Any]]:
     The flags (CAUSAL, BLOCK_MODE, the optional tensors behind HAS_MASK / HAS_BIAS / WRITE_AUX /
     COMPUTE_DBIAS) are properties of the problem, not tuning choices; the specs compile the representative
     causal sliding-window case with bias and its gradient, the basis gradient, no mask, and r = min(64, d).
+    The 2D window kernels (``lavo_local2d_*``) are compiled for d = 64 in fp16 and fp32 only (CI time), with
+    w2 = 4 and the bias gradient.
     Signatures are derived from the kernels' parameter lists (``_backend.aot_signature``): q / k / v / z and
     their outputs and gradients in the input dtype, the mask u8, everything else float32.
     """
@@ -877,4 +1263,18 @@ def aot_specs() -> List[Dict[str, Any]]:
                 signature, constexprs = aot_signature(fn, io, absent={'MASK'}, constexprs=consts)
                 specs.append(dict(name=f'{name}_{ty}_d{d}', fn=fn, signature=signature, constexprs=constexprs,
                                   **llaunch))
+        # -------- 2D local window kernels: sliding window, bias (and its gradient), no mask
+        if dtype in _AOT_2D_DTYPES:
+            d = _AOT_2D_HEAD_DIM
+            c2 = local_2d_config(dtype, d, _AOT_2D_WINDOW)
+            flags2 = dict(BLOCK_M=c2['BLOCK_M'], BLOCK_N=c2['BLOCK_N'], BLOCK_D=c2['BLOCK_D'], BLOCK_MODE=False,
+                          INPUT_PRECISION=prec)
+            for name, fn, consts in (
+                    ('lavo_local2d_fwd', _local2d_fwd_kernel, flags2),
+                    ('lavo_local2d_bwd_dkdv', _local2d_bwd_dkdv_kernel, flags2),
+                    ('lavo_local2d_bwd_dq', _local2d_bwd_dq_kernel,
+                     dict(flags2, BLOCK_KW2=c2['BLOCK_KW2'], BLOCK_DIAG=c2['BLOCK_DIAG']))):
+                signature, constexprs = aot_signature(fn, io, absent={'MASK'}, constexprs=consts)
+                specs.append(dict(name=f'{name}_{ty}_d{d}', fn=fn, signature=signature, constexprs=constexprs,
+                                  num_warps=c2['num_warps'], num_stages=c2['num_stages']))
     return specs

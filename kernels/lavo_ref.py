@@ -8,21 +8,24 @@ Written straight from the paper (Zhang et al., arXiv:2312.11135), independently 
   (L, r, d), and ``softmax(scale q_t X~_t^T) X~_t`` (Eqs. 3-4).
 * ``lavo_local_reference``: dense (L x L) scores ``scale q_i . k_j + P[j - i + w - 1]`` restricted to the
   window (Secs. 3.2-3.3).
+* ``lavo_local_2d_reference``: the same on a row-major (gh x gw) patch grid, scores
+  ``scale q_i . k_j + P[(dy + w - 1) (2w - 1) + dx + w - 1]`` for ``|dy|, |dx| <= w - 1`` (or the own
+  ``w x w`` tile), the 2D reading of Sec. 3.3's embedded relative positions.
 
 Padding: ``key_mask`` (B, L) bool, True = valid key. ``backend`` is accepted for signature parity and
 ignored. Both compute in the inputs' dtype (float64 for tests) and are differentiable by autograd.
 
 This module does not import Triton; it also holds the argument checks the ops share.
 """
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ._backend import check_key_mask
 
-__all__ = ['LOCAL_MODES', 'check_lavo_global_args', 'check_lavo_local_args', 'lavo_global_reference',
-           'lavo_local_reference']
+__all__ = ['LOCAL_MODES', 'check_lavo_global_args', 'check_lavo_local_2d_args', 'check_lavo_local_args',
+           'lavo_global_reference', 'lavo_local_2d_reference', 'lavo_local_reference']
 
 LOCAL_MODES = ('sliding', 'block')
 
@@ -75,6 +78,37 @@ def check_lavo_local_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Te
         raise ValueError('lavo_local needs L >= 1 tokens, got L = 0')
 
 
+def check_lavo_local_2d_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], grid_size: Sequence[int],
+                             window: int, mode: str, key_mask: Optional[Tensor]) -> Tuple[int, int]:
+    """Checks of ``lavo_local_2d`` and its reference; every error names the offending argument.
+
+    Returns:
+        (gh, gw) as ints.
+    """
+    _check_qkv(['q', 'k', 'v'], [q, k, v])
+    bsz, _, length, _ = q.shape
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f'window must be an int >= 1, got {window!r}')
+    if mode not in LOCAL_MODES:
+        raise ValueError(f'mode must be one of {LOCAL_MODES}, got {mode!r}')
+    ok = isinstance(grid_size, (tuple, list)) and len(grid_size) == 2 and all(
+        isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid_size)
+    if not ok:
+        raise ValueError(f'grid_size must be two ints (rows, cols) >= 1, got {grid_size!r}')
+    gh, gw = int(grid_size[0]), int(grid_size[1])
+    if gh * gw != length:
+        raise ValueError(f'grid_size={tuple(grid_size)} describes {gh * gw} patches, but q has L={length}')
+    if rel_bias is not None:
+        kw = 2 * window - 1
+        if rel_bias.dim() != 1 or rel_bias.numel() != kw * kw:
+            raise ValueError(f'rel_bias must have shape ((2 * window - 1) ** 2,) = ({kw * kw},), '
+                             f'got {tuple(rel_bias.shape)}')
+        if rel_bias.device != q.device:
+            raise ValueError(f'rel_bias is on {rel_bias.device} but q is on {q.device}')
+    check_key_mask(key_mask, bsz, length, device=q.device)
+    return gh, gw
+
+
 def lavo_global_reference(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
                           causal: bool = True, backend: str = 'auto') -> Tensor:
     """Dense CODE branch (Eqs. 3-4) with materialised slots; arguments as ``lavo_global``.
@@ -118,6 +152,41 @@ def lavo_local_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Ten
     s = (q @ k.transpose(-1, -2)) * scale
     if rel_bias is not None:
         s = s + rel_bias[(rel + window - 1).clamp(0, 2 * window - 2)]
+    allowed = allowed[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
+    return p @ v
+
+
+def lavo_local_2d_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float,
+                            grid_size: Sequence[int], window: int, key_mask: Optional[Tensor] = None,
+                            mode: str = 'sliding', backend: str = 'auto') -> Tensor:
+    """Dense (L x L) 2D local window with the embedded relative position bias; arguments as ``lavo_local_2d``.
+
+    Patch i = (y_i, x_i) of the row-major grid attends to patch j with logit
+    ``scale q_i . k_j + P[(dy + w - 1) (2w - 1) + dx + w - 1]``, ``(dy, dx) = (y_j - y_i, x_j - x_i)``,
+    where ``|dy|, |dx| <= w - 1`` (``mode='sliding'``) or both lie in the same ``w x w`` tile
+    (``mode='block'``) and the key is valid (Sec. 3.3 on a grid).
+
+    Returns:
+        (B, heads, gh * gw, d) in the inputs' dtype; a query without any valid key in its window outputs 0.
+    """
+    del backend
+    gh, gw = check_lavo_local_2d_args(q, k, v, rel_bias, grid_size, window, mode, key_mask)
+    idx = torch.arange(gh * gw, device=q.device)
+    y, x = idx // gw, idx % gw
+    dy, dx = y[None, :] - y[:, None], x[None, :] - x[:, None]  # [i, j]: offset of key j from query i
+    if mode == 'sliding':
+        allowed = (dy.abs() <= window - 1) & (dx.abs() <= window - 1)
+    else:
+        ty, tx = y // window, x // window  # the w x w tile of each patch
+        allowed = (ty[None, :] == ty[:, None]) & (tx[None, :] == tx[:, None])
+    s = (q @ k.transpose(-1, -2)) * scale
+    if rel_bias is not None:
+        kw = 2 * window - 1
+        s = s + rel_bias[((dy + window - 1) * kw + dx + window - 1).clamp(0, kw * kw - 1)]
     allowed = allowed[None, None]
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]

@@ -8,6 +8,10 @@ so the layer and the ops cannot drift apart:
   (Secs. 3.2-3.3) in blocks of w tokens: queries of block c score the keys of blocks c-1, c (and c+1),
   memory O(L w), no loop over time. The same scores restricted to block c give the context-dissection
   aggregate (``mode='block'``).
+* :func:`local_window_2d` / :func:`tile_block_2d`: the same on a row-major patch grid (``lavo_local_2d``,
+  the layer's ``grid_size`` path): keys with ``|dy|, |dx| <= w2 - 1`` and the bias
+  ``P[(dy + w2 - 1) (2 w2 - 1) + dx + w2 - 1]`` of Sec. 3.3, in query tiles with a halo; or the keys of the
+  query's own ``w2 x w2`` tile (the 2D context-dissection aggregate).
 * :func:`code_memory` and :func:`code_read`: the CODE branch (Eqs. 3-4), the (running) mean
   ``H_t = (1/n_t) sum_{s<=t} m_s B z_s`` by a cumulative sum and its read
   ``softmax(scale (q B^T) * H) (H * .) B``, O(L r d) without materialising the slots.
@@ -22,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['code_memory', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_torch',
-           'lavo_local_windows']
+__all__ = ['code_memory', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_2d_torch',
+           'lavo_local_torch', 'lavo_local_windows', 'local_window_2d', 'tile_block_2d', 'window_tile_size']
 
 
 def finfo_min(dtype: torch.dtype) -> float:
@@ -139,6 +143,156 @@ def lavo_local_torch(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor]
     out = f_slide if mode == 'sliding' else f_block
     assert out is not None
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 2D local window over a row-major patch grid (the layer's ``grid_size`` path; ``lavo_local_2d``)
+
+def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
+    """(B, H, gh * gw, c) row-major patches -> (B, H, T, w2 * w2, c) non-overlapping ``w2 x w2`` tiles."""
+    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
+    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
+    ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
+    t = t.reshape(b0, b1, gh, gw, c)
+    t = F.pad(t, (0, 0, 0, pw, 0, ph))
+    t = t.reshape(b0, b1, nh_t, w2, nw_t, w2, c).transpose(3, 4)
+    return t.reshape(b0, b1, nh_t * nw_t, w2 * w2, c)
+
+
+def _halo_tiles(t: Tensor, gh: int, gw: int, tile: int, halo: int) -> Tensor:
+    """(B, H, gh * gw, c) row-major patches -> (B, H, T, (tile + 2 halo)^2, c): for each ``tile x tile``
+    query tile (the layout of :func:`_tiles`), the patches within ``halo`` rows / columns of it, zero
+    outside the grid. Each patch is copied ``(1 + 2 halo / tile)^2`` times, not ``(2 halo + 1)^2``."""
+    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
+    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
+    span = tile + 2 * halo
+    t = F.pad(t.reshape(b0, b1, gh, gw, c), (0, 0, halo, nw_t * tile - gw + halo, halo, nh_t * tile - gh + halo))
+    t = t.unfold(2, span, tile).unfold(3, span, tile)  # (B, H, nh_t, nw_t, c, span, span), a strided view
+    return t.permute(0, 1, 2, 3, 5, 6, 4).reshape(b0, b1, nh_t * nw_t, span * span, c)
+
+
+def window_tile_size(gh: int, gw: int, w2: int) -> int:
+    """Query tile side of :func:`local_window_2d`, from ``w2`` to ``3 w2``: the fewest scored (query, key)
+    pairs, ``padded queries * (tile + 2 (w2 - 1))^2``, weighted by ``1 + 2 (w2 / tile)^2`` for the per-tile cost
+    of small matmuls and halo copies (a fit to CPU timings of 14 x 14, 24 x 24 and 48 x 48 grids, w2 = 4)."""
+    span_extra = 2 * (w2 - 1)
+    best, best_cost = w2, -1.
+    for tile in range(w2, 3 * w2 + 1):
+        padded = (-(-gh // tile) * tile) * (-(-gw // tile) * tile)
+        cost = padded * (tile + span_extra) ** 2 * (1. + 2. * (w2 / tile) ** 2)
+        if best_cost < 0 or cost < best_cost:
+            best, best_cost = tile, cost
+    return best
+
+
+def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
+                    rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0., tile: int = 0) -> Tensor:
+    """2D local window of LAVO (Secs. 3.2-3.3): patch i attends to the patches j with ``|dy|, |dx| <= w2 - 1``,
+    logit ``scale q_i . k_j + P[(dy + w2 - 1) (2 w2 - 1) + dx + w2 - 1]``; invalid keys are left out and a
+    query without a valid key gets 0.
+
+    Blocked: queries in ``tile x tile`` tiles score the keys of their tile plus a halo of ``w2 - 1``
+    patches (one matmul per tile), so no ``(2 w2 - 1)^2`` copies of the keys and values are made.
+
+    Args:
+        q, k, v: (B, H, gh * gw, d) row-major patches.
+        valid: (B, gh * gw) bool, True = valid key, or None.
+        gh, gw: Grid rows and columns.
+        w2: Window half-width plus one (neighbourhood ``(2 w2 - 1)^2``).
+        rel_bias: P, ((2 w2 - 1)^2,), or None.
+        scale: Logit scale.
+        dropout_p: Dropout on the attention weights (the layer's ``attn_drop`` while training).
+        tile: Query tile side; 0 picks :func:`window_tile_size`.
+
+    Returns:
+        (B, H, gh * gw, d).
+    """
+    b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
+    halo = w2 - 1
+    kw = 2 * w2 - 1
+    tile = window_tile_size(gh, gw, w2) if tile < 1 else tile
+    span = tile + 2 * halo
+    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
+    # static (tile^2, span^2) part: in-window mask and bias; key (ky, kx) of the span sits at offset
+    # (ky - halo - qy, kx - halo - qx) from query (qy, qx) of the tile
+    a_q = torch.arange(tile, device=q.device)
+    a_k = torch.arange(span, device=q.device)
+    qy, qx = a_q[:, None].expand(tile, tile).reshape(-1), a_q[None, :].expand(tile, tile).reshape(-1)
+    ky, kx = a_k[:, None].expand(span, span).reshape(-1), a_k[None, :].expand(span, span).reshape(-1)
+    dy, dx = ky[None, :] - halo - qy[:, None], kx[None, :] - halo - qx[:, None]
+    in_window = (dy.abs() <= halo) & (dx.abs() <= halo)
+    neg = finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
+    static = torch.zeros(in_window.shape, dtype=q.dtype, device=q.device)
+    if rel_bias is not None:
+        static = static + rel_bias[((dy + halo) * kw + dx + halo).clamp(0, kw * kw - 1)]
+    static = static.masked_fill(~in_window, neg)
+    # keys outside the grid (halo padding) or masked out
+    key_ok = torch.ones(1, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
+    key_ok = _halo_tiles(key_ok[:, None, :, None].to(q.dtype), gh, gw, tile, halo)[:, 0, :, :, 0] > 0.5
+    # static + key part, (B or 1, T, tile^2, span^2): added to the scores in one pass
+    bias_all = static + torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill(~key_ok, neg)[:, :, None]
+
+    tq = _tiles(q * scale, gh, gw, tile)  # (B, H, T, tile^2, d)
+    s = tq @ _halo_tiles(k, gh, gw, tile, halo).transpose(-1, -2) + bias_all[:, None]
+    p = s.softmax(dim=-1)
+    if valid is not None:  # queries without any valid key get 0, not a uniform average
+        p = p * (in_window[None, None] & key_ok[:, :, None, :]).any(dim=-1, keepdim=True)[:, None]
+    if dropout_p > 0.:
+        p = F.dropout(p, dropout_p, True)
+    o = p @ _halo_tiles(v, gh, gw, tile, halo)  # (B, H, T, tile^2, d)
+    o = o.reshape(b, nh, nh_t, nw_t, tile, tile, d).transpose(3, 4).reshape(b, nh, nh_t * tile, nw_t * tile, d)
+    return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
+
+
+def tile_block_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
+                  rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0.) -> Tensor:
+    """2D context-dissection aggregate (Sec. 3.2 with the bias of Sec. 3.3): patch i attends to the patches
+    of its own non-overlapping ``w2 x w2`` tile, logit ``scale q_i . k_j + P[(dy + w2 - 1) (2 w2 - 1) + dx
+    + w2 - 1]``; invalid keys are left out and a query without a valid key gets 0.
+
+    Args:
+        q, k, v: (B, H, gh * gw, d) row-major patches.
+        valid: (B, gh * gw) bool, True = valid key, or None.
+        gh, gw: Grid rows and columns.
+        w2: Tile side (the 2D window's half-width plus one).
+        rel_bias: P, ((2 w2 - 1)^2,), or None.
+        scale: Logit scale.
+        dropout_p: Dropout on the attention weights (the layer's ``attn_drop`` while training).
+
+    Returns:
+        (B, H, gh * gw, d).
+    """
+    b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
+    kw = 2 * w2 - 1
+    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
+    pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
+    tq, tk, tv = _tiles(q, gh, gw, w2), _tiles(k, gh, gw, w2), _tiles(v, gh, gw, w2)
+    tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2)
+    tvalid = tvalid.squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2); patches outside the grid are invalid
+    a = torch.arange(w2, device=q.device)
+    yy, xx = torch.meshgrid(a, a, indexing='ij')
+    yy, xx = yy.reshape(-1), xx.reshape(-1)
+    idx = (yy[None, :] - yy[:, None] + w2 - 1) * kw + (xx[None, :] - xx[:, None] + w2 - 1)
+    s = (tq @ tk.transpose(-1, -2)) * scale
+    if rel_bias is not None:
+        s = s + rel_bias[idx]
+    mask = tvalid[:, None, :, None, :]
+    s = s.masked_fill(~mask, finfo_min(s.dtype))
+    p = _dropout(s.softmax(dim=-1) * mask.any(dim=-1, keepdim=True), dropout_p)
+    o = p @ tv  # (B, H, T, w2*w2, d)
+    o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
+    return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
+
+
+def lavo_local_2d_torch(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float,
+                        grid_size: Tuple[int, int], window: int, key_mask: Optional[Tensor] = None,
+                        mode: str = 'sliding') -> Tensor:
+    """The PyTorch backend of ``lavo_local_2d`` (arguments as there, less ``backend``): :func:`local_window_2d`
+    (``mode='sliding'``) or :func:`tile_block_2d` (``mode='block'``), the layer's own functions."""
+    gh, gw = grid_size
+    if mode == 'block':
+        return tile_block_2d(q, k, v, key_mask, gh, gw, window, rel_bias, scale)
+    return local_window_2d(q, k, v, key_mask, gh, gw, window, rel_bias, scale)
 
 
 # ------------------------------------------------------------------------------------------------

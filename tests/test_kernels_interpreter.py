@@ -2,8 +2,8 @@
 
 Triton chooses between its interpreter and its compiler for its whole library when it is first
 imported (``TRITON_INTERPRET=1`` at that moment), so one process cannot both interpret kernels and
-compile them (``test_kernels_compile.py``). Without CUDA, ``test_kernels_lavo.py`` and
-``test_kernels_chamfer.py`` skip themselves unless the variable was set before pytest started; this
+compile them (``test_kernels_compile.py``). Without CUDA, the files in ``FILES`` (``test_kernels_lavo.py``,
+``test_kernels_chamfer.py``, ...) skip themselves unless the variable was set before pytest started; this
 test runs them in a child with it set, and fails with the child's report if any of them fails.
 """
 import os
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-FILES = ('test_kernels_lavo.py', 'test_kernels_chamfer.py', 'test_kernels_flash_prior.py', 'test_kernel_dispatch.py')
+FILES = ('test_kernels_lavo.py', 'test_kernels_lavo_2d.py', 'test_kernels_chamfer.py', 'test_kernels_flash_prior.py',
+         'test_kernel_dispatch.py')
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or os.environ.get('TRITON_INTERPRET') == '1',

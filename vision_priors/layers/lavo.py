@@ -34,7 +34,8 @@ Choices where the paper is silent (all configurable):
       from local windows and from the mean H (the count is over valid tokens); a query with no valid key in
       a window gets 0 from that window.
     * Parallel form: blocks of w tokens, no loop over time; memory O(L (w + r)) per head. The 2D window runs
-      in query tiles that each score their tile plus a halo of ``w2 - 1`` patches (:func:`local_window_2d`).
+      in query tiles that each score their tile plus a halo of ``w2 - 1`` patches (:func:`local_window_2d`);
+      on CUDA (``kernel_backend`` 'auto' / 'triton') in the Triton op ``vision_priors.kernels.lavo.lavo_local_2d``.
 
 TorchScript: ``LavoAttention.forward`` (causal or not; ``grid_size`` as a list of two ints) and
 ``LavoCrossAttention.forward`` compile with ``torch.jit.script`` for the 'fixed' and 'penalty' bases
@@ -53,6 +54,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from vision_priors.kernels._backend import check_key_mask
 from vision_priors.kernels.lavo_torch import code_memory, code_read as _code_read, code_slot_probs, finfo_min
 from vision_priors.kernels.lavo_torch import lavo_local_windows
+from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d, window_tile_size
 
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
@@ -134,43 +136,6 @@ def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return scores.softmax(dim=-1) * mask.any(dim=-1, keepdim=True)
 
 
-def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
-    """(B, H, gh * gw, c) row-major patches -> (B, H, T, w2 * w2, c) non-overlapping ``w2 x w2`` tiles."""
-    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
-    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
-    ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
-    t = t.reshape(b0, b1, gh, gw, c)
-    t = F.pad(t, (0, 0, 0, pw, 0, ph))
-    t = t.reshape(b0, b1, nh_t, w2, nw_t, w2, c).transpose(3, 4)
-    return t.reshape(b0, b1, nh_t * nw_t, w2 * w2, c)
-
-
-def _halo_tiles(t: Tensor, gh: int, gw: int, tile: int, halo: int) -> Tensor:
-    """(B, H, gh * gw, c) row-major patches -> (B, H, T, (tile + 2 halo)^2, c): for each ``tile x tile``
-    query tile (the layout of :func:`_tiles`), the patches within ``halo`` rows / columns of it, zero
-    outside the grid. Each patch is copied ``(1 + 2 halo / tile)^2`` times, not ``(2 halo + 1)^2``."""
-    b0, b1, c = t.shape[0], t.shape[1], t.shape[-1]
-    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
-    span = tile + 2 * halo
-    t = F.pad(t.reshape(b0, b1, gh, gw, c), (0, 0, halo, nw_t * tile - gw + halo, halo, nh_t * tile - gh + halo))
-    t = t.unfold(2, span, tile).unfold(3, span, tile)  # (B, H, nh_t, nw_t, c, span, span), a strided view
-    return t.permute(0, 1, 2, 3, 5, 6, 4).reshape(b0, b1, nh_t * nw_t, span * span, c)
-
-
-def window_tile_size(gh: int, gw: int, w2: int) -> int:
-    """Query tile side of :func:`local_window_2d`, from ``w2`` to ``3 w2``: the fewest scored (query, key)
-    pairs, ``padded queries * (tile + 2 (w2 - 1))^2``, weighted by ``1 + 2 (w2 / tile)^2`` for the per-tile cost
-    of small matmuls and halo copies (a fit to CPU timings of 14 x 14, 24 x 24 and 48 x 48 grids, w2 = 4)."""
-    span_extra = 2 * (w2 - 1)
-    best, best_cost = w2, -1.
-    for tile in range(w2, 3 * w2 + 1):
-        padded = (-(-gh // tile) * tile) * (-(-gw // tile) * tile)
-        cost = padded * (tile + span_extra) ** 2 * (1. + 2. * (w2 / tile) ** 2)
-        if best_cost < 0 or cost < best_cost:
-            best, best_cost = tile, cost
-    return best
-
-
 def dense_window_is_cheaper(gh: int, gw: int, w2: int) -> bool:
     """Whether one (N x N) masked attention over the whole grid scores fewer (weighted) pairs than the query
     tiles of :func:`window_tile_size` (small grids, e.g. 14 x 14 with w2 = 4: 38,416 against 54,756)."""
@@ -202,65 +167,6 @@ def dense_window_mask(gh: int, gw: int, w2: int, num_prefix_tokens: int, rel_bia
     top = torch.cat([prefix, torch.full((n_pre, n), float('-inf'), dtype=dtype, device=device)], dim=1)
     bottom = torch.cat([torch.full((n, n_pre), float('-inf'), dtype=dtype, device=device), patches], dim=1)
     return torch.cat([top, bottom], dim=0)
-
-
-def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
-                    rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0., tile: int = 0) -> Tensor:
-    """2D local window of LAVO (Secs. 3.2-3.3): patch i attends to the patches j with ``|dy|, |dx| <= w2 - 1``,
-    logit ``scale q_i . k_j + P[(dy + w2 - 1) (2 w2 - 1) + dx + w2 - 1]``; invalid keys are left out and a
-    query without a valid key gets 0.
-
-    Blocked: queries in ``tile x tile`` tiles score the keys of their tile plus a halo of ``w2 - 1``
-    patches (one matmul per tile), so no ``(2 w2 - 1)^2`` copies of the keys and values are made.
-
-    Args:
-        q, k, v: (B, H, gh * gw, d) row-major patches.
-        valid: (B, gh * gw) bool, True = valid key, or None.
-        gh, gw: Grid rows and columns.
-        w2: Window half-width plus one (neighbourhood ``(2 w2 - 1)^2``).
-        rel_bias: P, ((2 w2 - 1)^2,), or None.
-        scale: Logit scale.
-        dropout_p: Dropout on the attention weights (the layer's ``attn_drop`` while training).
-        tile: Query tile side; 0 picks :func:`window_tile_size`.
-
-    Returns:
-        (B, H, gh * gw, d).
-    """
-    b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
-    halo = w2 - 1
-    kw = 2 * w2 - 1
-    tile = window_tile_size(gh, gw, w2) if tile < 1 else tile
-    span = tile + 2 * halo
-    nh_t, nw_t = -(-gh // tile), -(-gw // tile)
-    # static (tile^2, span^2) part: in-window mask and bias; key (ky, kx) of the span sits at offset
-    # (ky - halo - qy, kx - halo - qx) from query (qy, qx) of the tile
-    a_q = torch.arange(tile, device=q.device)
-    a_k = torch.arange(span, device=q.device)
-    qy, qx = a_q[:, None].expand(tile, tile).reshape(-1), a_q[None, :].expand(tile, tile).reshape(-1)
-    ky, kx = a_k[:, None].expand(span, span).reshape(-1), a_k[None, :].expand(span, span).reshape(-1)
-    dy, dx = ky[None, :] - halo - qy[:, None], kx[None, :] - halo - qx[:, None]
-    in_window = (dy.abs() <= halo) & (dx.abs() <= halo)
-    neg = finfo_min(q.dtype) / 2  # two of these still sum to a finite number: no NaN rows
-    static = torch.zeros(in_window.shape, dtype=q.dtype, device=q.device)
-    if rel_bias is not None:
-        static = static + rel_bias[((dy + halo) * kw + dx + halo).clamp(0, kw * kw - 1)]
-    static = static.masked_fill(~in_window, neg)
-    # keys outside the grid (halo padding) or masked out
-    key_ok = torch.ones(1, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
-    key_ok = _halo_tiles(key_ok[:, None, :, None].to(q.dtype), gh, gw, tile, halo)[:, 0, :, :, 0] > 0.5
-    # static + key part, (B or 1, T, tile^2, span^2): added to the scores in one pass
-    bias_all = static + torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device).masked_fill(~key_ok, neg)[:, :, None]
-
-    tq = _tiles(q * scale, gh, gw, tile)  # (B, H, T, tile^2, d)
-    s = tq @ _halo_tiles(k, gh, gw, tile, halo).transpose(-1, -2) + bias_all[:, None]
-    p = s.softmax(dim=-1)
-    if valid is not None:  # queries without any valid key get 0, not a uniform average
-        p = p * (in_window[None, None] & key_ok[:, :, None, :]).any(dim=-1, keepdim=True)[:, None]
-    if dropout_p > 0.:
-        p = F.dropout(p, dropout_p, True)
-    o = p @ _halo_tiles(v, gh, gw, tile, halo)  # (B, H, T, tile^2, d)
-    o = o.reshape(b, nh, nh_t, nw_t, tile, tile, d).transpose(3, 4).reshape(b, nh, nh_t * tile, nw_t * tile, d)
-    return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
 
 
 @dataclass
@@ -306,8 +212,9 @@ class LavoAttention(nn.Module):
         qk_scale: Logit scale, default ``head_dim ** -0.5``.
         attn_drop: Dropout on attention / slot weights.
         proj_drop: Dropout after the output projection.
-        kernel_backend: 'auto' (Triton kernels ``vision_priors.kernels.lavo`` on CUDA tensors for 1D sequences), 'triton'
-            or 'torch'; ``VISION_PRIORS_KERNELS`` overrides 'auto' (see ``kernel_dispatch``).
+        kernel_backend: 'auto' (Triton kernels ``vision_priors.kernels.lavo`` on CUDA tensors, for 1D sequences and,
+            through ``lavo_local_2d``, patch grids), 'triton' or 'torch'; ``VISION_PRIORS_KERNELS`` overrides 'auto'
+            (see ``kernel_dispatch``).
     """
 
     def __init__(
@@ -415,15 +322,24 @@ class LavoAttention(nn.Module):
         return lavo_local_windows(q, k, v, bias, self.scale, self.window, self.causal, key_valid, sliding, block,
                                   self._drop_p())
 
+    def _prefix_local(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], n_pre: int) -> Tensor:
+        """Local branch of the ``n_pre`` prefix tokens of a grid input: attention among themselves, no bias."""
+        s = (q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * self.scale
+        if valid is None:
+            pmask = torch.ones_like(s, dtype=torch.bool)
+        else:
+            pmask = valid[:, None, None, :n_pre].expand_as(s)
+        p = self.attn_drop(_masked_softmax(s, pmask))
+        return p @ v[:, :, :n_pre]
+
     def _local_2d(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
             block: bool,
     ) -> Tensor:
         """Prefix tokens attend among themselves; patches to their 2D neighbourhood or ``w2 x w2`` tile."""
-        b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
+        b = q.shape[0]
         gh, gw = grid
         w2 = self.window_2d
-        kw = 2 * w2 - 1
         bias = self.rel_bias_2d if self.use_epe else None
         if not block and valid is None and dense_window_is_cheaper(gh, gw, w2):
             # small grid: one fused (L x L) masked attention, prefix tokens included (same result)
@@ -431,32 +347,11 @@ class LavoAttention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self._drop_p(), scale=self.scale)
         outs: List[Tensor] = []
         if n_pre > 0:
-            s = (q[:, :, :n_pre] @ k[:, :, :n_pre].transpose(-1, -2)) * self.scale
-            if valid is None:
-                pmask = torch.ones_like(s, dtype=torch.bool)
-            else:
-                pmask = valid[:, None, None, :n_pre].expand_as(s)
-            p = self.attn_drop(_masked_softmax(s, pmask))
-            outs.append(p @ v[:, :, :n_pre])
+            outs.append(self._prefix_local(q, k, v, valid, n_pre))
         pq, pk, pvv = q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:]
         pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid[:, n_pre:]
-        if block:
-            # Non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table.
-            nh_t, nw_t = -(-gh // w2), -(-gw // w2)
-            tq, tk, tv = _tiles(pq, gh, gw, w2), _tiles(pk, gh, gw, w2), _tiles(pvv, gh, gw, w2)
-            tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2)
-            tvalid = tvalid.squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2)
-            a = torch.arange(w2, device=q.device)
-            yy, xx = torch.meshgrid(a, a, indexing='ij')
-            yy, xx = yy.reshape(-1), xx.reshape(-1)
-            idx = (yy[None, :] - yy[:, None] + w2 - 1) * kw + (xx[None, :] - xx[:, None] + w2 - 1)
-            s = (tq @ tk.transpose(-1, -2)) * self.scale
-            if bias is not None:
-                s = s + bias[idx]
-            p = self.attn_drop(_masked_softmax(s, tvalid[:, None, :, None, :]))
-            o = p @ tv  # (B, H, T, w2*w2, d)
-            o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
-            outs.append(o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d))
+        if block:  # non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table
+            outs.append(tile_block_2d(pq, pk, pvv, pvalid, gh, gw, w2, bias, self.scale, self._drop_p()))
         else:
             outs.append(local_window_2d(pq, pk, pvv, None if valid is None else pvalid, gh, gw, w2, bias,
                                         self.scale, self._drop_p()))
@@ -499,6 +394,32 @@ class LavoAttention(nn.Module):
         f_global = lavo_global(q, z, self.basis(), self.scale, key_mask=valid, causal=self.causal, backend='triton')
         return self._combine(f_local, f_global)
 
+    @torch.jit.unused
+    def _kernel_branches_2d(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int],
+                            n_pre: int) -> Tensor:
+        """Both branches through the Triton kernels on a patch grid (non-causal): the 2D window with the
+        (2 w2 - 1)^2 relative bias of Sec. 3.3 (``lavo_local_2d``; the ``w2 x w2`` tiles for block dissection) on
+        the patches, and the CODE mean over every valid token (``lavo_global``). The prefix tokens' local branch
+        (attention among themselves) is the torch path's own code: it is n_pre x n_pre."""
+        from vision_priors.kernels.lavo import lavo_global, lavo_local_2d
+        bias = self.rel_bias_2d if self.use_epe else None
+        pvalid = None if valid is None else valid[:, n_pre:]
+
+        def local(mode: str) -> Tensor:
+            f = lavo_local_2d(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], bias, self.scale, grid,
+                              self.window_2d, key_mask=pvalid, mode=mode, backend='triton')
+            return f if n_pre == 0 else torch.cat([self._prefix_local(q, k, v, valid, n_pre), f], dim=2)
+
+        f_local = local('sliding') if self.use_local else None
+        if not self.context_dissection:
+            z = v
+        elif self.dissection == 'sliding':
+            z = f_local
+        else:
+            z = local('block')
+        f_global = lavo_global(q, z, self.basis(), self.scale, key_mask=valid, causal=False, backend='triton')
+        return self._combine(f_local, f_global)
+
     def _combine(self, f_local: Optional[Tensor], f_global: Tensor) -> Tensor:
         return f_global if f_local is None else 0.5 * (f_local + f_global)
 
@@ -532,9 +453,11 @@ class LavoAttention(nn.Module):
         valid = check_key_mask(key_mask, b, length, device=x.device)
         grid = self._check_grid(grid_size, num_prefix_tokens, length)
         q, k, v = self._qkv(x)
-        if not torch.jit.is_scripting() and grid is None and use_flash_kernel(
+        if not torch.jit.is_scripting() and use_flash_kernel(
                 self.kernel_backend, x, None, self.training and self.attn_drop.p > 0, self.head_dim):
-            return self._out(self._kernel_branches(q, k, v, valid))
+            if grid is None:
+                return self._out(self._kernel_branches(q, k, v, valid))
+            return self._out(self._kernel_branches_2d(q, k, v, valid, grid, num_prefix_tokens))
         f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
         basis = self.basis()
         h = code_memory(z, basis, valid, self.causal)  # Eq. 4 (causal) or Eq. 3 over the whole sequence
