@@ -115,3 +115,14 @@ def test_selection_rule(monkeypatch):
     assert kernel_key_mask(torch.tensor([[False, True, True]]), mask).tolist() == [[False, True, False]]
     with pytest.raises(ValueError, match="kernel_backend must be one of .*got 'cuda'"):
         GoatAttention(64, 2, kernel_backend='cuda')
+
+
+def test_auto_keeps_the_torch_path_for_float64(monkeypatch):
+    """The kernels take fp16 / bf16 / fp32: 'auto' on (what would be) CUDA float64 input stays on torch."""
+    import vision_priors.layers.kernel_dispatch as dispatch
+    monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
+    monkeypatch.setattr(dispatch, 'resolve_backend', lambda backend, x: 'triton')  # as on a GPU
+    assert use_flash_kernel('auto', torch.zeros(2, 5, 8), None, False, 64)
+    assert use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float16), None, False, 64)
+    assert not use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64)
+    assert use_flash_kernel('triton', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64)  # kernel refuses

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from vision_priors.kernels._backend import BACKENDS, resolve_backend
+from vision_priors.kernels._backend import BACKENDS, requested_backend, resolve_backend
 
 __all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'kernel_key_mask', 'key_mask_to_attn_mask',
            'tracing_or_compiling', 'use_flash_kernel']
@@ -84,6 +84,9 @@ def tracing_or_compiling() -> bool:
     return torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling()
 
 
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
+
+
 @torch.jit.unused
 def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropout_active: bool,
                      head_dim: int) -> bool:
@@ -92,6 +95,8 @@ def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropo
         return False
     if backend == 'torch' or dropout_active or head_dim > 128:
         return False
+    if x.dtype not in KERNEL_DTYPES and requested_backend(backend) == 'auto':
+        return False  # e.g. float64 on CUDA: 'auto' keeps the torch path ('triton' lets the kernel refuse it)
     if attn_mask is not None and not (
             attn_mask.dtype == torch.bool and attn_mask.dim() == 4 and attn_mask.shape[1] == 1
             and attn_mask.shape[2] == 1 and attn_mask.shape[0] == x.shape[0] and attn_mask.shape[3] == x.shape[1]):
