@@ -335,3 +335,22 @@ def test_pinned_isa_setting_is_checked(monkeypatch):
     with pytest.warns(RuntimeWarning, match="VISION_PRIORS_POPE_CPU_ISA must be one of .*got 'avx9'"):
         assert pope_cpu.load_pope_cpu_op() is None
     assert pope_cpu.compiled_op_isa() is None and not pope_module.use_compiled_cpu_op(torch.float32)
+
+
+def test_softplus_magnitude_equals_softplus_forward_and_backward():
+    """The training path's softplus (gradient as grad * sigmoid(x)) against ``F.softplus`` in float64: same
+    values, same first and second derivatives, including large |x| where F.softplus switches to x."""
+    import torch.nn.functional as F
+    from vision_priors.layers.pope import softplus_magnitude
+    x = torch.cat([torch.randn(37, dtype=torch.float64) * 4, torch.tensor([-40., -20.5, 0., 19.9, 20.1, 45.],
+                                                                          dtype=torch.float64)]).requires_grad_()
+    y, ref = softplus_magnitude(x), F.softplus(x)
+    assert y.grad_fn is not None and 'Softplus' in type(y.grad_fn).__name__
+    g = torch.randn_like(x)
+    (gx,) = torch.autograd.grad(y, x, g, create_graph=True)
+    (gr,) = torch.autograd.grad(ref, x, g, create_graph=True)
+    torch.testing.assert_close(y, ref, rtol=0, atol=1e-15)
+    torch.testing.assert_close(gx, gr, rtol=0, atol=1e-8)  # F.softplus's gradient is exactly 1 past x = 20
+    assert torch.autograd.gradcheck(softplus_magnitude, (x,)) and torch.autograd.gradgradcheck(softplus_magnitude, (x,))
+    with torch.no_grad():
+        assert softplus_magnitude(x).grad_fn is None
