@@ -55,7 +55,10 @@ class PerSampleSeeds(Dataset):
     def __getitem__(self, index: int):
         sample_seed = (self.seed * 1_000_003 + self.epoch * 9_176_467 + int(index)) % (2 ** 63)
         with preserved_rng():
-            torch.manual_seed(sample_seed)
+            # the CPU generator only (what data loading draws from): torch.manual_seed would also queue a
+            # lazy seeding of every CUDA / XPU / MTIA device, recording a stack trace per sample on a
+            # machine without one (2 ms, most of a small model's training step)
+            torch.random.default_generator.manual_seed(sample_seed)
             random.seed(sample_seed)
             np.random.seed(sample_seed % (2 ** 32))
             return self.dataset[index]

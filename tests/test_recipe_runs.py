@@ -293,3 +293,35 @@ def test_sweep_jobs_count():
     from vision_priors.recipes.runs import sweep_jobs
     assert sweep_jobs(1, 6) == 1 and sweep_jobs(4, 3) == 3 and sweep_jobs(2, 6) == 2
     assert 1 <= sweep_jobs(0, 6) <= 6
+
+
+def test_per_sample_seeds_seed_the_cpu_generator_and_restore_every_rng():
+    """An item is what the dataset gives under torch.manual_seed(sample seed) (the CPU generator is what
+    loading draws from), and the caller's torch / numpy / python RNG streams are left where they were."""
+    import random
+
+    import numpy as np
+    from torch.utils.data import Dataset
+
+    from vision_priors.recipes.engine import PerSampleSeeds
+
+    class Draws(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return torch.rand(3), float(np.random.rand()), random.random()
+
+    wrapped = PerSampleSeeds(Draws(), seed=5)
+    wrapped.set_epoch(2)
+    torch.manual_seed(123)
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    item = wrapped[3]
+    assert torch.equal(torch.get_rng_state(), before[0]) and (np.random.get_state()[1] == before[1]).all()
+    assert random.getstate() == before[2]
+    sample_seed = (5 * 1_000_003 + 2 * 9_176_467 + 3) % (2 ** 63)
+    torch.manual_seed(sample_seed)
+    random.seed(sample_seed)
+    np.random.seed(sample_seed % (2 ** 32))
+    expected = Draws()[3]
+    assert torch.equal(item[0], expected[0]) and item[1:] == expected[1:]
