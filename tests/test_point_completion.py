@@ -159,14 +159,16 @@ def test_registry_names_and_errors():
 
 
 def test_registry_fine_points_and_parameter_counts():
-    expected_fine = {'pointr_cpu': 2048, 'pointr_small': 4096, 'pointr_pcn': 16384}
+    # PoinTr's layout (the input is appended): Q x 64 generated + N input points
+    expected_fine = {'pointr_cpu': 2048 + 512, 'pointr_small': 4096 + 512, 'pointr_pcn': 224 * 64 + 2048}
+    inputs = {'pointr_cpu': 512, 'pointr_small': 512, 'pointr_pcn': 2048}
     for name in completion_model_names():
         counts = {}
         for ca in CROSS:
             m = create_completion_model(name, cross_attn=ca)
             counts[ca] = sum(p.numel() for p in m.parameters())
         cfg = COMPLETION_MODELS[name]
-        assert m.num_fine_points() == expected_fine[name]
+        assert m.concat_input and m.num_fine_points(inputs[name]) == expected_fine[name]
         # the only difference: LAVO's shared source map (C x C) vs vanilla's separate k, v (2 C x C)
         assert counts['vanilla'] - counts['lavo'] == cfg['decoder_depth'] * cfg['embed_dim'] ** 2
         assert 0.95 < counts['lavo'] / counts['vanilla'] < 1.0
@@ -176,9 +178,10 @@ def test_registry_fine_points_and_parameter_counts():
 
 @pytest.mark.parametrize('cross_attn', CROSS)
 def test_training_reduces_loss(cross_attn):
-    """30 AdamW steps: upper hemisphere (radius 0.3-0.5) -> whole sphere; PoinTr's loss falls by half."""
+    """30 AdamW steps: upper hemisphere (radius 0.3-0.5) -> whole sphere; PoinTr's loss falls by half (on the
+    generated points alone: the appended input would start the loss lower)."""
     torch.manual_seed(0)
-    m = create_completion_model('pointr_cpu', cross_attn=cross_attn, **TINY)
+    m = create_completion_model('pointr_cpu', cross_attn=cross_attn, **TINY, concat_input=False)
     opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.)
     g = torch.Generator().manual_seed(1)
     losses = []
@@ -198,7 +201,7 @@ def test_initialisation_as_pointr_transformer_trunc_normal_rebuild_head_default(
     """PoinTr starts its transformer trunc-normal(0.02) and its rebuild head (increase_dim, reduce_map, the
     folding net) with PyTorch's default."""
     torch.manual_seed(0)
-    model = create_completion_model('pointr_cpu', cross_attn='vanilla')
+    model = create_completion_model('pointr_cpu', cross_attn='vanilla', concat_input=False)
     assert model.encoder[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.decoder[0].cross_attn.q.weight.std().item() == pytest.approx(0.02, rel=0.1)
     c = model.embed_dim

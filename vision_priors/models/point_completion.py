@@ -485,17 +485,22 @@ def completion_loss(coarse: Tensor, fine: Tensor, gt: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------------
 
 COMPLETION_MODELS: Dict[str, Dict[str, Any]] = {
-    # CPU default: learns a toy task on 2 cores in minutes; 32 queries x 64 = 2,048 fine points
+    # Every config keeps PoinTr's output layout (concat_input=True: the input points are part of the
+    # completion, and Q FPS input points join the coarse centres).
+    # CPU default: learns the built-in task on 2 cores in minutes; 32 queries x 64 + the N input points
+    # (512 by default: 2,560 fine points)
     'pointr_cpu': dict(embed_dim=128, num_heads=4, encoder_depth=2, decoder_depth=2, num_proxies=64,
-                       num_queries=32, fold_step=8, knn_k=16, geo_k=8, global_dim=256, fold_hidden=128),
-    # between: 64 queries x 64 = 4,096 fine points
+                       num_queries=32, fold_step=8, knn_k=16, geo_k=8, global_dim=256, fold_hidden=128,
+                       concat_input=True),
+    # between: 64 queries x 64 + N
     'pointr_small': dict(embed_dim=256, num_heads=8, encoder_depth=4, decoder_depth=4, num_proxies=128,
-                         num_queries=64, fold_step=8, knn_k=16, geo_k=8, global_dim=512, fold_hidden=256),
-    # PCN scale, PoinTr widths (trans_dim 384, 6 heads, depth [6, 8], 1024 global, fold hidden 256,
-    # 128 proxies): 256 queries x 64 = 16,384 fine points (PoinTr itself: num_queries=224,
-    # concat_input=True and 2,048 input points give 16,384)
+                         num_queries=64, fold_step=8, knn_k=16, geo_k=8, global_dim=512, fold_hidden=256,
+                         concat_input=True),
+    # PCN scale, PoinTr's (trans_dim 384, 6 heads, depth [6, 8], 1024 global, fold hidden 256, 128 proxies,
+    # 224 queries): 224 x 64 + the 2,048 input points = 16,384 fine points
     'pointr_pcn': dict(embed_dim=384, num_heads=6, encoder_depth=6, decoder_depth=8, num_proxies=128,
-                       num_queries=256, fold_step=8, knn_k=16, geo_k=8, global_dim=1024, fold_hidden=256),
+                       num_queries=224, fold_step=8, knn_k=16, geo_k=8, global_dim=1024, fold_hidden=256,
+                       concat_input=True),
 }
 
 _DEFAULTS = {k: v.default for k, v in inspect.signature(
