@@ -29,8 +29,8 @@ op (torch path on CPU, Triton on GPU).
 
 CPU run on the built-in data (the README's table; far from converged, see there):
 
-  vision-priors pcn compare --seeds 0 1 --updates 150 --batch-size 8 --num-complete 1024 --eval-every 50 \
-      --out outputs/pcn
+  vision-priors pcn compare --seeds 0 1 --updates 600 --batch-size 8 --num-complete 1024 --eval-every 200 \
+      --jobs 2 --out outputs/pcn
 
 PCN scale (paper: 16,384 points, PoinTr backbone), e.g. on GPUs:
 
