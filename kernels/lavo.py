@@ -431,12 +431,10 @@ if HAS_TRITON:
         return s, ok
 
     @triton.jit
-    def _key_window_tile(q, k_base, v_base, MASK, mask_row, offs_m, offs_n, offs_d, dmask, mmask, L, scale, BIAS, W,
-                         stride_kl, stride_vl, CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-        """A key tile of a query tile's window: k, v, the scores (bias added) and the valid (query, key) pairs:
-        inside the sequence, valid keys (with a mask), inside the window."""
-        nmask = offs_n < L
+    def _load_key_tile(k_base, v_base, MASK, mask_row, offs_n, nmask, offs_d, dmask, mmask, stride_kl, stride_vl,
+                       HAS_MASK: tl.constexpr):
+        """k, v rows ``offs_n`` (0 where ``nmask`` is off) and the (query, key) pairs that may attend: both in
+        range and, with a mask, a valid key (1D and 2D windows)."""
         k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
                     mask=nmask[:, None] & dmask[None, :], other=0.)
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
@@ -445,6 +443,64 @@ if HAS_TRITON:
         if HAS_MASK:
             kv = tl.load(MASK + mask_row + offs_n, mask=nmask, other=0)
             ok = ok & (kv != 0)[None, :]
+        return k, v, ok
+
+    @triton.jit
+    def _online_softmax_step(s, ok, v, m_i, l_i, acc, INPUT_PRECISION: tl.constexpr):
+        """One key tile of the online softmax: running max ``m_i``, sum ``l_i`` and output ``acc``."""
+        s = tl.where(ok, s, float('-inf'))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float('-inf'), 0., m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _online_softmax_result(acc, m_i, l_i):
+        """Output and log-sum-exp; a query without any valid key gets 0 and lse = +inf."""
+        has = l_i > 0.
+        out = acc / tl.where(has, l_i, 1.)[:, None]
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.)), float('inf'))
+        return out, lse
+
+    @triton.jit
+    def _score_grads(s, ok, lse, delta, do, v, INPUT_PRECISION: tl.constexpr):
+        """Probabilities p from the saved lse and the score gradient ds = p (dO v^T - delta)."""
+        p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        return p, p * (dp - delta[:, None])
+
+    @triton.jit
+    def _own_key_tile(K, V, MASK, b, hh, offs_n, nmask, nd_mask, offs_d, stride_kb, stride_kh, stride_kl, stride_vb,
+                      stride_vh, stride_vl, stride_mb, HAS_MASK: tl.constexpr):
+        """The dk / dv kernels' own key tile: k, v and which keys are valid."""
+        k = tl.load(K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
+                    + offs_n[:, None] * stride_kl + offs_d[None, :], mask=nd_mask, other=0.)
+        v = tl.load(V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+                    + offs_n[:, None] * stride_vl + offs_d[None, :], mask=nd_mask, other=0.)
+        if HAS_MASK:
+            kvalid = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0) != 0
+        else:
+            kvalid = nmask
+        return k, v, kvalid & nmask
+
+    @triton.jit
+    def _store_dkdv(DK, DV, dk, dv, b, hh, offs_n, offs_d, nd_mask, stride_dob, stride_doh, stride_dol):
+        out_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_n[:, None] * stride_dol
+                   + offs_d[None, :])
+        tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
+        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+    @triton.jit
+    def _key_window_tile(q, k_base, v_base, MASK, mask_row, offs_m, offs_n, offs_d, dmask, mmask, L, scale, BIAS, W,
+                         stride_kl, stride_vl, CAUSAL: tl.constexpr, BLOCK_MODE: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+        """A key tile of a query tile's window: k, v, the scores (bias added) and the valid (query, key) pairs:
+        inside the sequence, valid keys (with a mask), inside the window."""
+        k, v, ok = _load_key_tile(k_base, v_base, MASK, mask_row, offs_n, offs_n < L, offs_d, dmask, mmask, stride_kl,
+                                  stride_vl, HAS_MASK)
         s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
                                INPUT_PRECISION)
         return k, v, s, ok
@@ -482,17 +538,8 @@ if HAS_TRITON:
             k, v, s, ok = _key_window_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, offs_m, offs_n,
                                            offs_d, dmask, offs_m < L, L, scale, BIAS, W, stride_kl, stride_vl,
                                            CAUSAL, BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
-            s = tl.where(ok, s, float('-inf'))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float('-inf'), 0., m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-            m_i = m_new
-        has = l_i > 0.
-        out = acc / tl.where(has, l_i, 1.)[:, None]
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.)), float('inf'))
+            m_i, l_i, acc = _online_softmax_step(s, ok, v, m_i, l_i, acc, INPUT_PRECISION)
+        out, lse = _online_softmax_result(acc, m_i, l_i)
         tl.store(OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh
                  + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty),
                  mask=(offs_m < L)[:, None] & dmask[None, :])
@@ -519,15 +566,8 @@ if HAS_TRITON:
         dmask = offs_d < D
         nmask = offs_n < L
         nd_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-                    + offs_n[:, None] * stride_kl + offs_d[None, :], mask=nd_mask, other=0.)
-        v = tl.load(V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
-                    + offs_n[:, None] * stride_vl + offs_d[None, :], mask=nd_mask, other=0.)
-        if HAS_MASK:
-            kvalid = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0) != 0
-        else:
-            kvalid = nmask
-        kvalid = kvalid & nmask
+        k, v, kvalid = _own_key_tile(K, V, MASK, b, hh, offs_n, nmask, nd_mask, offs_d, stride_kb, stride_kh, stride_kl,
+                                     stride_vb, stride_vh, stride_vl, stride_mb, HAS_MASK)
         q_base = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
         do_base = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh
         n_last = tl.minimum(n0 + BLOCK_N, L) - 1
@@ -552,16 +592,10 @@ if HAS_TRITON:
             ok = kvalid[None, :] & mmask[:, None]
             s, ok = _window_scores(q, k, offs_m, offs_n, ok, scale, BIAS, W, CAUSAL, BLOCK_MODE, HAS_BIAS,
                                    INPUT_PRECISION)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            p, ds = _score_grads(s, ok, lse, delta, do, v, INPUT_PRECISION)
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=INPUT_PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=INPUT_PRECISION)
-        dk = dk * scale
-        out_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_n[:, None] * stride_dol
-                   + offs_d[None, :])
-        tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
-        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
+        _store_dkdv(DK, DV, dk * scale, dv, b, hh, offs_n, offs_d, nd_mask, stride_dob, stride_doh, stride_dol)
 
     @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
                         'HAS_MASK': lambda args: args['MASK'] is not None,
@@ -604,9 +638,7 @@ if HAS_TRITON:
             k, v, s, ok = _key_window_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, offs_m, offs_n,
                                            offs_d, dmask, mmask, L, scale, BIAS, W, stride_kl, stride_vl,
                                            CAUSAL, BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
-            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            ds = p * (dp - delta[:, None])
+            _, ds = _score_grads(s, ok, lse, delta, do, v, INPUT_PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
             if COMPUTE_DBIAS:
                 # Diagonal sums of ds (fixed j - i), then shifted to table index o = j - i + w - 1. The
@@ -675,16 +707,8 @@ if HAS_TRITON:
                        HAS_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
         """A key row segment of a query row segment's window: k, v, the scores (bias added) and the valid pairs:
         inside the grid, valid keys (with a mask), inside the window."""
-        nmask = offs_kx < GW
-        offs_n = ky * GW + offs_kx
-        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :],
-                    mask=nmask[:, None] & dmask[None, :], other=0.)
-        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :],
-                    mask=nmask[:, None] & dmask[None, :], other=0.)
-        ok = nmask[None, :] & mmask[:, None]
-        if HAS_MASK:
-            kv = tl.load(MASK + mask_row + offs_n, mask=nmask, other=0)
-            ok = ok & (kv != 0)[None, :]
+        k, v, ok = _load_key_tile(k_base, v_base, MASK, mask_row, ky * GW + offs_kx, offs_kx < GW, offs_d, dmask, mmask,
+                                  stride_kl, stride_vl, HAS_MASK)
         s, ok = _grid_scores(q, k, qy, ky, offs_qx, offs_kx, ok, scale, BIAS, W, BLOCK_MODE, HAS_BIAS,
                              INPUT_PRECISION)
         return k, v, s, ok
@@ -727,17 +751,8 @@ if HAS_TRITON:
             k, v, s, ok = _grid_key_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, qy, ky, offs_qx,
                                          offs_kx, offs_d, dmask, mmask, GW, scale, BIAS, W, stride_kl, stride_vl,
                                          BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
-            s = tl.where(ok, s, float('-inf'))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float('-inf'), 0., m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-            m_i = m_new
-        has = l_i > 0.
-        out = acc / tl.where(has, l_i, 1.)[:, None]
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.)), float('inf'))
+            m_i, l_i, acc = _online_softmax_step(s, ok, v, m_i, l_i, acc, INPUT_PRECISION)
+        out, lse = _online_softmax_result(acc, m_i, l_i)
         tl.store(OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh
                  + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=md_mask)
         tl.store(LSE + bh.to(tl.int64) * GH * GW + offs_m, lse, mask=mmask)
@@ -765,15 +780,8 @@ if HAS_TRITON:
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         nd_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-                    + offs_n[:, None] * stride_kl + offs_d[None, :], mask=nd_mask, other=0.)
-        v = tl.load(V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
-                    + offs_n[:, None] * stride_vl + offs_d[None, :], mask=nd_mask, other=0.)
-        if HAS_MASK:
-            kvalid = tl.load(MASK + b.to(tl.int64) * stride_mb + offs_n, mask=nmask, other=0) != 0
-        else:
-            kvalid = nmask
-        kvalid = kvalid & nmask
+        k, v, kvalid = _own_key_tile(K, V, MASK, b, hh, offs_n, nmask, nd_mask, offs_d, stride_kb, stride_kh, stride_kl,
+                                     stride_vb, stride_vh, stride_vl, stride_mb, HAS_MASK)
         q_base = Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
         do_base = DO + b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh
         row_base = bh.to(tl.int64) * GH * GW
@@ -794,16 +802,10 @@ if HAS_TRITON:
             ok = kvalid[None, :] & mmask[:, None]
             s, ok = _grid_scores(q, k, qy, ky, offs_qx, offs_kx, ok, scale, BIAS, W, BLOCK_MODE, HAS_BIAS,
                                  INPUT_PRECISION)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
+            p, ds = _score_grads(s, ok, lse, delta, do, v, INPUT_PRECISION)
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=INPUT_PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=INPUT_PRECISION)
-        dk = dk * scale
-        out_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_n[:, None] * stride_dol
-                   + offs_d[None, :])
-        tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=nd_mask)
-        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=nd_mask)
+        _store_dkdv(DK, DV, dk * scale, dv, b, hh, offs_n, offs_d, nd_mask, stride_dob, stride_doh, stride_dol)
 
     @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
                         'HAS_MASK': lambda args: args['MASK'] is not None,
@@ -854,9 +856,7 @@ if HAS_TRITON:
             k, v, s, ok = _grid_key_tile(q, k_base, v_base, MASK, b.to(tl.int64) * stride_mb, qy, ky, offs_qx,
                                          offs_kx, offs_d, dmask, mmask, GW, scale, BIAS, W, stride_kl, stride_vl,
                                          BLOCK_MODE, HAS_BIAS, HAS_MASK, INPUT_PRECISION)
-            p = tl.where(ok, tl.exp(s - lse[:, None]), 0.)
-            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-            ds = p * (dp - delta[:, None])
+            _, ds = _score_grads(s, ok, lse, delta, do, v, INPUT_PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
             if COMPUTE_DBIAS:
                 # One row offset dy = ky - qy per tile; dx = (start - qx0) + c - a runs along the diagonals
