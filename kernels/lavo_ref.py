@@ -58,9 +58,10 @@ def check_lavo_global_args(q: Tensor, z: Tensor, basis: Tensor, key_mask: Option
         raise ValueError('lavo_global needs L >= 1 tokens, got L = 0')
 
 
-def check_lavo_local_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], window: int, mode: str,
-                          key_mask: Optional[Tensor]) -> None:
-    """Checks of ``lavo_local`` and its reference; every error names the offending argument."""
+def _check_window_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], window: int, mode: str,
+                       key_mask: Optional[Tensor], dims: int) -> None:
+    """The checks ``lavo_local`` (dims 1) and ``lavo_local_2d`` (dims 2) share: q / k / v, window, mode, a
+    relative-bias table of (2 window - 1) ** dims entries on q's device, the key mask."""
     _check_qkv(['q', 'k', 'v'], [q, k, v])
     bsz, _, length, _ = q.shape
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -68,13 +69,20 @@ def check_lavo_local_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Te
     if mode not in LOCAL_MODES:
         raise ValueError(f'mode must be one of {LOCAL_MODES}, got {mode!r}')
     if rel_bias is not None:
-        if rel_bias.dim() != 1 or rel_bias.numel() != 2 * window - 1:
-            raise ValueError(f'rel_bias must have shape (2 * window - 1,) = ({2 * window - 1},), '
-                             f'got {tuple(rel_bias.shape)}')
+        size = (2 * window - 1) ** dims
+        if rel_bias.dim() != 1 or rel_bias.numel() != size:
+            shape = '(2 * window - 1,)' if dims == 1 else '((2 * window - 1) ** 2,)'
+            raise ValueError(f'rel_bias must have shape {shape} = ({size},), got {tuple(rel_bias.shape)}')
         if rel_bias.device != q.device:
             raise ValueError(f'rel_bias is on {rel_bias.device} but q is on {q.device}')
     check_key_mask(key_mask, bsz, length, device=q.device)
-    if length == 0:
+
+
+def check_lavo_local_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], window: int, mode: str,
+                          key_mask: Optional[Tensor]) -> None:
+    """Checks of ``lavo_local`` and its reference; every error names the offending argument."""
+    _check_window_args(q, k, v, rel_bias, window, mode, key_mask, dims=1)
+    if q.shape[2] == 0:
         raise ValueError('lavo_local needs L >= 1 tokens, got L = 0')
 
 
@@ -85,27 +93,14 @@ def check_lavo_local_2d_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional
     Returns:
         (gh, gw) as ints.
     """
-    _check_qkv(['q', 'k', 'v'], [q, k, v])
-    bsz, _, length, _ = q.shape
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f'window must be an int >= 1, got {window!r}')
-    if mode not in LOCAL_MODES:
-        raise ValueError(f'mode must be one of {LOCAL_MODES}, got {mode!r}')
+    _check_window_args(q, k, v, rel_bias, window, mode, key_mask, dims=2)
     ok = isinstance(grid_size, (tuple, list)) and len(grid_size) == 2 and all(
         isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid_size)
     if not ok:
         raise ValueError(f'grid_size must be two ints (rows, cols) >= 1, got {grid_size!r}')
     gh, gw = int(grid_size[0]), int(grid_size[1])
-    if gh * gw != length:
-        raise ValueError(f'grid_size={tuple(grid_size)} describes {gh * gw} patches, but q has L={length}')
-    if rel_bias is not None:
-        kw = 2 * window - 1
-        if rel_bias.dim() != 1 or rel_bias.numel() != kw * kw:
-            raise ValueError(f'rel_bias must have shape ((2 * window - 1) ** 2,) = ({kw * kw},), '
-                             f'got {tuple(rel_bias.shape)}')
-        if rel_bias.device != q.device:
-            raise ValueError(f'rel_bias is on {rel_bias.device} but q is on {q.device}')
-    check_key_mask(key_mask, bsz, length, device=q.device)
+    if gh * gw != q.shape[2]:
+        raise ValueError(f'grid_size={tuple(grid_size)} describes {gh * gw} patches, but q has L={q.shape[2]}')
     return gh, gw
 
 

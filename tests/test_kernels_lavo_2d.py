@@ -45,21 +45,8 @@ from vision_priors.kernels.lavo_ref import lavo_local_2d_reference  # noqa: E402
 from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d  # noqa: E402
 from vision_priors.layers import LavoAttention  # noqa: E402
 
-DEV = 'cuda' if _CUDA else 'cpu'
-F64 = torch.float64
-FWD_TOL, GRAD_TOL = 5e-6, 5e-5  # float32 inputs, 'ieee' products
-HALF_FWD_TOL, HALF_GRAD_TOL = 5e-3, 2e-2  # float16 inputs
-
-
-@pytest.fixture(autouse=True)
-def _kernel_env(monkeypatch):
-    monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
-    monkeypatch.setattr(_backend, 'POISON_OUTPUTS', True)
-    monkeypatch.setattr(_backend, 'FORCE_DOT_PRECISION', 'ieee')
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# the 1D kernel tests' device, tolerances and kernel environment (NaN-poisoned outputs, 'ieee' products, 1 thread)
+from test_kernels_lavo import DEV, F64, FWD_TOL, GRAD_TOL, HALF_FWD_TOL, HALF_GRAD_TOL, _kernel_env  # noqa: E402,F401
 
 
 def loop_ref(q, k, v, bias, scale, grid, w, mode, mask):
