@@ -473,6 +473,20 @@ if HAS_TRITON:
         return p, p * (dp - delta[:, None])
 
     @triton.jit
+    def _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql):
+        """q rows ``offs_m`` of head (b, hh) (0 outside ``mmask``) and the (rows, head dim) mask."""
+        md_mask = mmask[:, None] & dmask[None, :]
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        return q, md_mask
+
+    @triton.jit
+    def _head_bases(K, V, b, hh, stride_kb, stride_kh, stride_vb, stride_vh):
+        """Pointers to head (b, hh) of K and V."""
+        return (K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh,
+                V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh)
+
+    @triton.jit
     def _own_key_tile(K, V, MASK, b, hh, offs_n, nmask, nd_mask, offs_d, stride_kb, stride_kh, stride_kl, stride_vb,
                       stride_vh, stride_vl, stride_mb, HAS_MASK: tl.constexpr):
         """The dk / dv kernels' own key tile: k, v and which keys are valid."""
@@ -524,11 +538,8 @@ if HAS_TRITON:
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
-        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
-                    + offs_m[:, None] * stride_ql + offs_d[None, :],
-                    mask=(offs_m < L)[:, None] & dmask[None, :], other=0.)
-        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        q, md_mask = _load_query_tile(Q, b, hh, offs_m, offs_m < L, offs_d, dmask, stride_qb, stride_qh, stride_ql)
+        k_base, v_base = _head_bases(K, V, b, hh, stride_kb, stride_kh, stride_vb, stride_vh)
         lo, hi = _query_tile_key_range(m0, L, W, BLOCK_M, BLOCK_N, CAUSAL, BLOCK_MODE)
         m_i = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -541,8 +552,7 @@ if HAS_TRITON:
             m_i, l_i, acc = _online_softmax_step(s, ok, v, m_i, l_i, acc, INPUT_PRECISION)
         out, lse = _online_softmax_result(acc, m_i, l_i)
         tl.store(OUT + b.to(tl.int64) * stride_ob + hh.to(tl.int64) * stride_oh
-                 + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=(offs_m < L)[:, None] & dmask[None, :])
+                 + offs_m[:, None] * stride_ol + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=md_mask)
         tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse, mask=offs_m < L)
 
     @triton.heuristics({'HAS_BIAS': lambda args: args['BIAS'] is not None,
@@ -619,16 +629,13 @@ if HAS_TRITON:
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         mmask = offs_m < L
-        md_mask = mmask[:, None] & dmask[None, :]
-        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
-                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        q, md_mask = _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql)
         do_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dol
                   + offs_d[None, :])
         do = tl.load(DO + do_off, mask=md_mask, other=0.)
         lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=mmask, other=float('inf'))
         delta = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=mmask, other=0.)
-        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        k_base, v_base = _head_bases(K, V, b, hh, stride_kb, stride_kh, stride_vb, stride_vh)
         lo, hi = _query_tile_key_range(m0, L, W, BLOCK_M, BLOCK_N, CAUSAL, BLOCK_MODE)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dbias = tl.zeros([BLOCK_W], dtype=tl.float32)
@@ -735,11 +742,8 @@ if HAS_TRITON:
         offs_m = qy * GW + offs_qx
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
-        md_mask = mmask[:, None] & dmask[None, :]
-        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
-                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
-        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        q, md_mask = _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql)
+        k_base, v_base = _head_bases(K, V, b, hh, stride_kb, stride_kh, stride_vb, stride_vh)
         ky_lo, ky_hi, kx_lo, kx_hi = _grid_partner_range(qy, qx0, GH, GW, W, BLOCK_M, BLOCK_MODE)
         m_i = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -831,16 +835,13 @@ if HAS_TRITON:
         offs_m = qy * GW + offs_qx
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
-        md_mask = mmask[:, None] & dmask[None, :]
-        q = tl.load(Q + b.to(tl.int64) * stride_qb + hh.to(tl.int64) * stride_qh
-                    + offs_m[:, None] * stride_ql + offs_d[None, :], mask=md_mask, other=0.)
+        q, md_mask = _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql)
         do_off = (b.to(tl.int64) * stride_dob + hh.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dol
                   + offs_d[None, :])
         do = tl.load(DO + do_off, mask=md_mask, other=0.)
         lse = tl.load(LSE + bh.to(tl.int64) * GH * GW + offs_m, mask=mmask, other=float('inf'))
         delta = tl.load(DELTA + bh.to(tl.int64) * GH * GW + offs_m, mask=mmask, other=0.)
-        k_base = K + b.to(tl.int64) * stride_kb + hh.to(tl.int64) * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + hh.to(tl.int64) * stride_vh
+        k_base, v_base = _head_bases(K, V, b, hh, stride_kb, stride_kh, stride_vb, stride_vh)
         ky_lo, ky_hi, kx_lo, kx_hi = _grid_partner_range(qy, qx0, GH, GW, W, BLOCK_M, BLOCK_MODE)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dbias = tl.zeros([BLOCK_KW2], dtype=tl.float32)

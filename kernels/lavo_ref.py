@@ -104,6 +104,17 @@ def check_lavo_local_2d_args(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional
     return gh, gw
 
 
+def _window_softmax_read(s: Tensor, allowed: Tensor, key_mask: Optional[Tensor], v: Tensor) -> Tensor:
+    """softmax of the scores ``s`` over the (L x L) ``allowed`` pairs that hold a valid key, times v; a query
+    without any such key reads 0 (the local references' common end)."""
+    allowed = allowed[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
+    return p @ v
+
+
 def lavo_global_reference(q: Tensor, z: Tensor, basis: Tensor, scale: float, key_mask: Optional[Tensor] = None,
                           causal: bool = True, backend: str = 'auto') -> Tensor:
     """Dense CODE branch (Eqs. 3-4) with materialised slots; arguments as ``lavo_global``.
@@ -147,12 +158,7 @@ def lavo_local_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Ten
     s = (q @ k.transpose(-1, -2)) * scale
     if rel_bias is not None:
         s = s + rel_bias[(rel + window - 1).clamp(0, 2 * window - 2)]
-    allowed = allowed[None, None]
-    if key_mask is not None:
-        allowed = allowed & key_mask[:, None, None, :]
-    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
-    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
-    return p @ v
+    return _window_softmax_read(s, allowed, key_mask, v)
 
 
 def lavo_local_2d_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float,
@@ -182,9 +188,4 @@ def lavo_local_2d_reference(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[
     if rel_bias is not None:
         kw = 2 * window - 1
         s = s + rel_bias[((dy + window - 1) * kw + dx + window - 1).clamp(0, kw * kw - 1)]
-    allowed = allowed[None, None]
-    if key_mask is not None:
-        allowed = allowed & key_mask[:, None, None, :]
-    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
-    p = s.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
-    return p @ v
+    return _window_softmax_read(s, allowed, key_mask, v)
