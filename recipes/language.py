@@ -389,8 +389,9 @@ def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
 def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
     """Train a fresh model per method and seed on indirect indexing and test it on held-out items."""
     device, rows = eval_device(args), []
-    for attn, seed, run_dir in sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods'):
-        run_train(args, attn, seed, run_dir, resume_flag(args.resume, run_dir), task='index')
+    runs = sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods')
+    train_sweep(run_train, args, runs, task='index')
+    for attn, seed, run_dir in runs:
         _, model = load_model(run_dir)
         model.to(device)
         metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed), args.eval_batch_size,
