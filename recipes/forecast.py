@@ -101,13 +101,16 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
                    help="halve: Informer's lr * 0.5 ** max(0, epoch - 1); cosine: the shared cosine schedule")
     cli.add_device_flags(p, batch_size=32)
     cli.add_run_flags(p, out='outputs/forecast' + ('' if sweep else '/run'), sweep=sweep)
-    p.set_defaults(opt='adam', lr=None, patience=3, eval_every='epoch')
+    p.set_defaults(opt='adam', lr=None, patience=None, eval_every='epoch')  # patience: 3 when validating, see validate
     for action in p._actions:  # the shared flags, with this recipe's defaults explained
         if action.dest == 'lr':
             action.help = f'peak learning rate (default: per model, {DEFAULT_LR})'
         if action.dest == 'eval_every':
             action.type = eval_cadence
             action.help = 'validate every N updates, or after every epoch (epoch); 0 = never'
+        if action.dest == 'patience':
+            action.help = ('stop after N validations without improvement; default 3 (Informer) when validating, '
+                           'none with --eval-every 0')
     p.add_argument('--plot-windows', type=cli.nonnegative_int, default=3, help='test windows to plot')
 
 
@@ -130,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args: argparse.Namespace) -> None:
     """Recipe-specific checks, before any folder is touched."""
+    if hasattr(args, 'patience') and args.patience is None:  # Informer's patience 3, or none without validation
+        args.patience = 3 if args.eval_every else 0
     if hasattr(args, 'model_overrides'):
         cli.model_overrides(args.model_overrides)
     if hasattr(args, 'label_len') and args.label_len > args.seq_len:

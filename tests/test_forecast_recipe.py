@@ -108,3 +108,18 @@ def test_recipe_errors(tiny_csv, tmp_path):
     with pytest.raises(ValueError, match=r'too few rows: the val split'):
         recipe.main(['train', *tiny(tiny_csv), '--pred-len', '40', '--out', str(out)])
     assert not out.exists()  # nothing written by a rejected run
+
+
+def test_patience_follows_validation(tiny_csv, tmp_path):
+    """Informer's patience 3 is the default only when validating: --eval-every 0 alone trains without early
+    stopping (it was rejected as '--patience needs --eval-every'); an explicit --patience still needs it."""
+    args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv), '--eval-every', '0'])
+    recipe.validate(args)
+    assert args.patience == 0
+    args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv)])
+    recipe.validate(args)
+    assert args.patience == 3 and args.eval_every == 'epoch'
+    recipe.main(['train', *tiny(tiny_csv), '--eval-every', '0', '--updates', '2', '--out', str(tmp_path / 'r')])
+    assert (tmp_path / 'r' / 'latest.json').exists()
+    with pytest.raises(ValueError, match='--patience needs --eval-every'):
+        recipe.main(['train', *tiny(tiny_csv), '--eval-every', '0', '--patience', '2', '--out', str(tmp_path / 's')])
