@@ -170,8 +170,8 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
     With ``args.jobs`` > 1 (see :func:`sweep_jobs`) the runs train in that many spawned worker processes, each
     with ``threads // jobs`` torch threads (at least 1; ``threads`` is ``--threads`` or torch's default). Every
     run is seeded by itself, so at the same threads per run its weights are those it gets when trained alone
-    (other thread counts change float rounding only). The first failure is raised
-    once the runs already started have finished.
+    (other thread counts change float rounding only). A failed run does not stop the others: each is reported
+    as it is collected, and once all have finished or failed the first failure is raised.
     """
     jobs = sweep_jobs(getattr(args, 'jobs', 1), len(runs))
     if jobs == 1:

@@ -17,3 +17,12 @@ def assert_same_final_weights(a_run: Path, b_run: Path) -> None:
     """Two runs end with bit-identical weights (a resumed run against an uninterrupted one)."""
     a, b = final_weights(a_run), final_weights(b_run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def train_or_fail(args, name: str, seed: int, run_dir: Path, resume: bool) -> None:
+    """A stand-in for a recipe's ``run_train`` (module level, so sweep workers can import it): writes a
+    marker into ``run_dir``, or raises for the run named 'broken'."""
+    if name == 'broken':
+        raise ValueError(f'run {name} seed {seed} failed on purpose')
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / 'trained.txt').write_text(f'{name} {seed} resume={resume}')

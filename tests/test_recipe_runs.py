@@ -325,3 +325,18 @@ def test_per_sample_seeds_seed_the_cpu_generator_and_restore_every_rng():
     np.random.seed(sample_seed % (2 ** 32))
     expected = Draws()[3]
     assert torch.equal(item[0], expected[0]) and item[1:] == expected[1:]
+
+
+def test_sweep_worker_failure_is_raised_after_the_other_runs_finish(tmp_path, capsys):
+    import argparse
+
+    from run_helpers import train_or_fail
+    from vision_priors.recipes.runs import train_sweep
+    args = argparse.Namespace(jobs=2, threads=1, resume=False)
+    runs = [('broken', 0, tmp_path / 'broken'), ('fine', 1, tmp_path / 'fine'), ('fine', 2, tmp_path / 'fine2')]
+    with pytest.raises(ValueError, match='run broken seed 0 failed on purpose'):
+        train_sweep(train_or_fail, args, runs)
+    assert (tmp_path / 'fine' / 'trained.txt').read_text() == 'fine 1 resume=False'
+    assert (tmp_path / 'fine2' / 'trained.txt').exists() and not (tmp_path / 'broken').exists()
+    out = capsys.readouterr().out
+    assert 'FAILED: ' + str(tmp_path / 'broken') + ': ValueError' in out and 'trained: ' + str(tmp_path / 'fine') in out
