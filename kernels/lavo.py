@@ -675,6 +675,15 @@ if HAS_TRITON:
     # coordinates: no (2w - 1)^2 copies of keys, values, masks or biases are made.
 
     @triton.jit
+    def _grid_segment(pid, NXT, GW, BLOCK: tl.constexpr):
+        """Program ``pid``'s row segment of the grid (NXT segments of BLOCK patches per row): its row, first
+        column, column offsets, in-grid mask and flat patch indices."""
+        y = pid // NXT
+        x0 = (pid % NXT) * BLOCK
+        offs_x = x0 + tl.arange(0, BLOCK)
+        return y, x0, offs_x, offs_x < GW, y * GW + offs_x
+
+    @triton.jit
     def _grid_partner_range(y, x0, GH, GW, W, BLOCK: tl.constexpr, BLOCK_MODE: tl.constexpr):
         """Rows [y_lo, y_hi) and columns [x_lo, x_hi) of the patches that a segment (row y, columns
         x0 .. x0 + BLOCK - 1) may pair with: within w - 1 rows / columns, or (BLOCK_MODE) in the same w x w tiles.
@@ -735,11 +744,7 @@ if HAS_TRITON:
         bh = tl.program_id(1)
         b = bh // NH
         hh = bh % NH
-        qy = pid // NXT
-        qx0 = (pid % NXT) * BLOCK_M
-        offs_qx = qx0 + tl.arange(0, BLOCK_M)
-        mmask = offs_qx < GW
-        offs_m = qy * GW + offs_qx
+        qy, qx0, offs_qx, mmask, offs_m = _grid_segment(pid, NXT, GW, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         q, md_mask = _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql)
@@ -776,11 +781,7 @@ if HAS_TRITON:
         bh = tl.program_id(1)
         b = bh // NH
         hh = bh % NH
-        ky = pid // NXT
-        kx0 = (pid % NXT) * BLOCK_N
-        offs_kx = kx0 + tl.arange(0, BLOCK_N)
-        nmask = offs_kx < GW
-        offs_n = ky * GW + offs_kx
+        ky, kx0, offs_kx, nmask, offs_n = _grid_segment(pid, NXT, GW, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         nd_mask = nmask[:, None] & dmask[None, :]
@@ -828,11 +829,7 @@ if HAS_TRITON:
         bh = tl.program_id(1)
         b = bh // NH
         hh = bh % NH
-        qy = pid // NXT
-        qx0 = (pid % NXT) * BLOCK_M
-        offs_qx = qx0 + tl.arange(0, BLOCK_M)
-        mmask = offs_qx < GW
-        offs_m = qy * GW + offs_qx
+        qy, qx0, offs_qx, mmask, offs_m = _grid_segment(pid, NXT, GW, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         q, md_mask = _load_query_tile(Q, b, hh, offs_m, mmask, offs_d, dmask, stride_qb, stride_qh, stride_ql)
