@@ -368,6 +368,71 @@ def test_cross_empty_context_is_the_all_masked_result():
         assert torch.equal(torch.jit.script(c)(x, ctx[:, :0]), bias)
 
 
+def _compress_per_token(c: LavoCrossAttention, ctx, valid):
+    """The per-token form of CODE compression (what ``compress`` computed before it took the mean first):
+    project every source token ``x_s = W_x c_s + b_x``, apply the basis ``B x_s`` and average over the valid
+    tokens; H = 0 for a sample without a valid token (n = 0 or all masked)."""
+    b, n, _ = ctx.shape
+    src = (ctx @ c.kv.weight.T + c.kv.bias).reshape(b, n, c.num_heads, c.head_dim).transpose(1, 2)
+    proj = src @ c.basis().transpose(-1, -2)  # (B, heads, n, r)
+    m = torch.ones(b, n, dtype=ctx.dtype) if valid is None else valid.to(ctx.dtype)
+    proj = proj * m[:, None, :, None]
+    return proj.sum(2, keepdim=True) / m.sum(1).clamp(min=1)[:, None, None, None]
+
+
+def _cross_per_token(c: LavoCrossAttention, x, ctx, valid):
+    b, mq, _ = x.shape
+    h = _compress_per_token(c, ctx, valid)  # (B, heads, 1, r)
+    q = (x @ c.q.weight.T + c.q.bias).reshape(b, mq, c.num_heads, c.head_dim).transpose(1, 2)
+    slots = h[:, :, 0, :, None] * c.basis()  # (B, heads, r, d), slot i = H_i b_i
+    logits = torch.einsum('bhmd,bhrd->bhmr', q, slots) * c.scale
+    out = torch.einsum('bhmr,bhrd->bhmd', logits.softmax(-1), slots)
+    return out.transpose(1, 2).reshape(b, mq, c.dim) @ c.proj.weight.T + c.proj.bias
+
+
+@pytest.mark.parametrize('case', ['masked', 'no_mask', 'empty', 'empty_masked'])
+def test_compress_mean_first_equals_per_token_form(case):
+    """``compress`` averages the (masked) context and projects the mean once; in exact arithmetic that is
+    the per-token form (project every token, then average). Float64, odd shapes (3 samples, 7 queries,
+    13 source tokens of width 11, 3 heads of 5), projection biases on, masks with an all-masked sample:
+    H, the output and the gradients of context, queries and every parameter agree to 1e-10."""
+    torch.manual_seed(3)
+    c = LavoCrossAttention(15, 3, num_slots=4, context_dim=11, qkv_bias=True).to(DT).eval()
+    with torch.no_grad():
+        c.kv.bias.normal_(0, 1.)  # a bias that would show if it leaked into an all-masked sample
+    n = 0 if case.startswith('empty') else 13
+    x = torch.randn(3, 7, 15, dtype=DT, requires_grad=True)
+    ctx = torch.randn(3, n, 11, dtype=DT, requires_grad=True)
+    valid = None
+    if case == 'masked':
+        valid = torch.rand(3, n) > 0.4
+        valid[0, 0] = True
+        valid[1] = False  # all masked
+        valid[2] = True
+    elif case == 'empty_masked':
+        valid = torch.ones(3, 0, dtype=torch.bool)
+    h, h_ref = c.compress(ctx, valid), _compress_per_token(c, ctx, valid)
+    assert h.shape == h_ref.shape == (3, 3, 1, 4)
+    torch.testing.assert_close(h, h_ref, rtol=1e-10, atol=1e-10)
+    if case != 'no_mask':
+        absent = 1 if case == 'masked' else slice(None)
+        assert h[absent].abs().max() == 0  # exactly H = 0, as before
+    params = list(c.parameters())
+    g = torch.randn(3, 7, 15, dtype=DT)
+    y, y_ref = c(x, ctx, valid), _cross_per_token(c, x, ctx, valid)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    tensors = [x, ctx] + params
+    got = torch.autograd.grad((y * g).sum(), tensors, allow_unused=True)
+    want = torch.autograd.grad((y_ref * g).sum(), tensors, allow_unused=True)
+    for a, r in zip(got, want):
+        a = torch.zeros_like(r) if a is None else a
+        r = torch.zeros_like(a) if r is None else r
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+    if case == 'masked':
+        assert got[1][1].abs().max() == 0 and got[1][~valid].abs().max() == 0  # masked tokens: zero gradient
+        assert got[1][valid].abs().max() > 0
+
+
 # ----- learned basis -----
 
 def _train(module, steps, penalty_weight=0.):

@@ -585,8 +585,9 @@ class LavoCrossAttention(nn.Module):
     """LAVO cross-attention (Sec. 3.4, Eqs. 5-6): compress the source once, each query reads r slots.
 
     ``Q = Y W_q``, ``X~ = CODE(X W_x)`` per head, output ``softmax(Q X~^T) X~``; no local branch.
-    Cost O(r d (n + m)). For ViT ``global_pool='lavo'``, pass learned queries as ``x`` and the patch
-    tokens as ``context``.
+    The source enters only through its masked mean (CODE is a mean after affine maps), so :meth:`compress`
+    averages it first and projects once: O(n C_x + C_x C) for the source, O(m (C^2 + r C)) for the queries.
+    For ViT ``global_pool='lavo'``, pass learned queries as ``x`` and the patch tokens as ``context``.
 
     Args:
         dim: Target (query) width C.
@@ -635,7 +636,12 @@ class LavoCrossAttention(nn.Module):
     def compress(self, context: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         """CODE coefficients of the source (Eq. 3): masked mean of ``B x_s``, shape (B, heads, 1, r);
         zero for a sample without source tokens (n = 0 or all masked). ``key_mask``: (B, n) bool, True =
-        valid source token."""
+        valid source token.
+
+        Mean first: ``x_s = W_x c_s + b_x`` is affine and CODE's ``H = mean_s B x_s`` linear, so
+        ``H = B (W_x mean_s(c_s) + b_x)`` whenever the sample has a valid token. The (masked) mean of the
+        context is taken first and projected once: O(n C) + O(C^2) per sample instead of O(n C^2). A sample
+        without a valid token keeps H = 0 (the mean token is then masked out, so ``b_x`` does not enter)."""
         if context.dim() != 3 or context.shape[-1] != self.context_dim:
             if not torch.jit.is_scripting():
                 raise ValueError(
@@ -643,8 +649,20 @@ class LavoCrossAttention(nn.Module):
             raise ValueError('context must be (B, n, context_dim)')
         b, n = context.shape[0], context.shape[1]
         valid = check_key_mask(key_mask, b, n, device=context.device)
-        src = self.kv(context).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        return code_memory(src, self.basis(), valid, False)  # n = 0: H = 0, as for an all-masked sample
+        present: Optional[Tensor] = None  # (B, 1) bool: whether the sample has a valid token; None = all do
+        if valid is None:
+            mean = context.sum(dim=1, keepdim=True) / max(n, 1)  # (B, 1, context_dim)
+            if n == 0:
+                present = torch.zeros(b, 1, dtype=torch.bool, device=context.device)
+        else:
+            # masked mean as one (1 x n) @ (n x C) product per sample; masked tokens get weight exactly 0
+            count = valid.sum(dim=1, keepdim=True).clamp(min=1).to(context.dtype)
+            weights = valid.to(context.dtype) / count
+            mean = torch.bmm(weights.unsqueeze(1), context)
+            present = valid.any(dim=1, keepdim=True)
+        src = self.kv(mean).reshape(b, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, 1, d)
+        # one "token" per sample, left out (H = 0) where the sample has none: n = 0 or all masked
+        return code_memory(src, self.basis(), present, False)
 
     def forward(self, x: Tensor, context: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         """Cross-attend targets to the compressed source.
