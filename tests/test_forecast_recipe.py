@@ -68,7 +68,30 @@ def test_compare_full_lavo_linear_over_horizons_and_seeds(tiny_csv, tmp_path):
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--out', str(out)])
 
 
+def test_compare_per_horizon_lengths(tiny_csv, tmp_path):
+    """--seq-lens / --label-lens pair with --pred-lens (Informer's ETTh1 script: 48/48 for 24, 96/48 for 48,
+    168/168 for 168); each run's data, model and settings carry its own lengths."""
+    out = tmp_path / 'cmp'
+    result = recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seq-lens', '12', '16',
+                          '--label-lens', '12', '6', '--seeds', '0', '--updates', '1', '--eval-every', '0', '--out',
+                          str(out)])
+    assert set(result['summary']) == {'4', '8'}
+    for pred_len, seq_len, label_len in ((4, 12, 12), (8, 16, 6)):
+        for method in ('full', 'lavo', 'linear'):
+            config = json.loads((out / f'h{pred_len}' / method / 'seed0' / 'config.json').read_text())
+            assert (config['data']['seq_len'], config['data']['label_len']) == (seq_len, label_len)
+            assert config['model']['overrides']['seq_len'] == seq_len
+            assert (config['args']['seq_len'], config['args']['label_len']) == (seq_len, label_len)
+            assert 'seq_lens' not in config['args'] and 'label_lens' not in config['args']
+    assert {r['windows'] for r in result['rows'] if r['pred_len'] == 4} == {(60 + 12) - 12 - 4 + 1}  # test rows [228, 300)
+    args = recipe.build_parser().parse_args(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seq-lens', '12',
+                                             '20'])
+    recipe.validate(args)
+    assert [recipe.horizon_lengths(args, p) for p in (4, 8)] == [(12, 8), (20, 8)]  # --label-len for both
+
+
 def test_metrics_schedule_and_published_table():
+    assert set(recipe.DEFAULT_LR) == set(recipe.forecast_model_names())  # every registered model has its lr
     metrics = recipe.forecast_metrics(np.array([[1., 2.], [3., 4.]]), np.array([[1., 0.], [0., 4.]]))
     assert metrics == {'mse': pytest.approx((0 + 4 + 9 + 0) / 4), 'mae': pytest.approx((0 + 2 + 3 + 0) / 4)}
     with pytest.raises(ValueError, match='one non-empty shape'):
@@ -89,6 +112,11 @@ def test_recipe_errors(tiny_csv, tmp_path):
     out = tmp_path / 'r'
     with pytest.raises(ValueError, match='--label-len 20 exceeds --seq-len 16'):
         recipe.main(['train', *tiny(tiny_csv), '--label-len', '20', '--out', str(out)])
+    with pytest.raises(ValueError, match=r'--seq-lens gives 1 length\(s\) for 2 --pred-lens \[4, 8\]'):
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seq-lens', '16', '--out', str(out)])
+    with pytest.raises(ValueError, match=r'--label-len 12 exceeds --seq-len 8 \(horizon 8\)'):
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seq-lens', '16', '8', '--label-lens',
+                     '8', '12', '--out', str(out)])
     with pytest.raises(ValueError, match='--pred-lens lists 4 more than once'):
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '4', '--out', str(out)])
     with pytest.raises(ValueError, match='--model-overrides .* is not a JSON dict'):

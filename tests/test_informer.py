@@ -204,3 +204,33 @@ def test_factory_errors():
     linear = create_forecast_model('linear', enc_in=1, dec_in=1, c_out=1, seq_len=8, label_len=4, pred_len=2,
                                    cross_attn='lavo', attn='prob')  # Informer-only arguments are dropped
     assert isinstance(linear, LinearForecaster)
+
+
+def test_informer2020_parameter_layout_and_registered_sizes(one_thread):
+    """The full-size model has Informer2020's parameters, counted layer by layer from its model code (the value
+    conv and the timeF linear carry biases); ``informer_mid`` is the quarter-width CPU reproduction config."""
+    d, f, c, marks = 512, 2048, 7, 4
+    embedding = (c * d * 3 + d) + (marks * d + d)
+    attention, ffn = 4 * (d * d + d), (d * f + f) + (f * d + d)
+    encoder = 2 * (attention + ffn + 2 * 2 * d) + (d * d * 3 + d + 2 * d) + 2 * d  # 2 blocks, 1 distil, norm
+    decoder = (2 * attention + ffn + 3 * 2 * d) + 2 * d + (d * c + c)  # 1 block, norm, projection
+    model = create_forecast_model('informer', enc_in=c, dec_in=c, c_out=c, seq_len=48, label_len=48, pred_len=24)
+    assert sum(p.numel() for p in model.parameters()) == 2 * embedding + encoder + decoder == 11_330_055
+    assert model.enc_embedding.value.conv.bias is not None and model.enc_embedding.time.bias is not None
+    mid = create_forecast_model('informer_mid', enc_in=c, dec_in=c, c_out=c, seq_len=48, label_len=48, pred_len=24,
+                                cross_attn='lavo')
+    layer = mid.decoder.layers[0]
+    assert mid.enc_embedding.value.conv.out_channels == 128 and layer.conv1.out_channels == 512
+    assert layer.self_attention.mix and layer.self_attention.n_heads == 8 and mid.enc_embedding.dropout.p == 0.05
+    assert layer.cross_attention.attn.num_slots == 16
+
+
+def test_probsparse_applies_no_attention_dropout(one_thread):
+    """Informer2020's ProbAttention builds a dropout but never applies it: training and eval outputs agree
+    (same key samples)."""
+    q, k, v = qkv(2, 23, 23, seed=3)
+    attn = ProbAttention(mask_flag=False, factor=1, attention_dropout=0.5)
+    torch.manual_seed(7)
+    train_out = attn.train()(q, k, v)
+    torch.manual_seed(7)
+    torch.testing.assert_close(attn.eval()(q, k, v), train_out, rtol=0, atol=0)

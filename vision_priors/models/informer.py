@@ -5,13 +5,16 @@ Architecture as in ``zhouhaoyi/Informer2020`` (``models/{embed,attn,encoder,deco
 is ours), for the LAVO paper's time-series experiment (Table 8: Informer backbone, the decoder's
 cross-attention vanilla vs LAVO):
 
-- **Embedding**: value embedding (1D conv, kernel 3, circular padding, no bias) + sinusoidal positional
-  embedding + time-feature embedding (``timeF``: a bias-free linear map of the time features), then dropout.
+- **Embedding**: value embedding (1D conv, kernel 3, circular padding, with bias, Kaiming-normal weights) +
+  sinusoidal positional embedding + time-feature embedding (``timeF``: a linear map of the time features, with
+  bias), then dropout.
 - **ProbSparse self-attention** (Informer Sec. 3.1, Eqs. 3-4): per head, ``U_part = c ln L_K`` keys are
   sampled for every query, the sparsity measure ``M(q_i) = max_j s_ij - sum_j s_ij / L_K`` (Eq. 4, over
   the sampled keys) picks the top ``u = c ln L_Q`` queries (both ``c * ceil(ln L)``, capped at L); those
   attend to all keys with softmax, the others output the mean of the values (unmasked) or their cumulative
-  sum (masked; Informer's "lazy" queries). With ``u >= L_Q`` it is exactly full attention.
+  sum (masked; Informer's "lazy" queries). With ``u >= L_Q`` it is exactly full attention. As in
+  Informer2020, no dropout is applied to the ProbSparse attention weights (its ``attention_dropout`` is
+  accepted and unused); full attention drops them.
   In the masked (decoder) form the key samples of query ``i`` are drawn from positions ``<= i``, so that its
   measure ``M(q_i)``, like its attention, never looks ahead (Informer2020 samples from all positions). The
   top-u ranking itself is over all queries, as in the paper: a later query can still displace an earlier one
@@ -28,7 +31,7 @@ cross-attention vanilla vs LAVO):
   compressed once into ``r`` orthogonal-memory slots per head, each query reads them).
   ``mix=True`` reproduces Informer2020's head-mixing reshape of the decoder self-attention output
   (``AttentionLayer(mix=True)``); it moves values across positions (position 0 receives later ones), so it
-  is off by default here.
+  is off by default here; the ``informer_mid`` configuration turns it on, as Informer2020's runs had it.
 - ``attn='full'`` replaces ProbSparse by full attention everywhere (Informer's ablation, "Informer+" rows).
 
 :class:`LinearForecaster` is the DLinear-style baseline: one linear map from the last ``seq_len`` steps to
@@ -77,11 +80,12 @@ class PositionalEmbedding(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """Value embedding: Conv1d over time (kernel 3, circular padding, no bias), Kaiming-normal init."""
+    """Value embedding: Conv1d over time (kernel 3, circular padding, with bias), Kaiming-normal weights
+    (Informer2020's ``TokenEmbedding``; the bias keeps PyTorch's default init)."""
 
     def __init__(self, c_in: int, d_model: int) -> None:
         super().__init__()
-        self.conv = nn.Conv1d(c_in, d_model, kernel_size=3, padding=1, padding_mode='circular', bias=False)
+        self.conv = nn.Conv1d(c_in, d_model, kernel_size=3, padding=1, padding_mode='circular')
         nn.init.kaiming_normal_(self.conv.weight, mode='fan_in', nonlinearity='leaky_relu')
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,13 +93,13 @@ class TokenEmbedding(nn.Module):
 
 
 class DataEmbedding(nn.Module):
-    """Token + positional + time-feature (``timeF``: bias-free linear) embeddings, then dropout."""
+    """Token + positional + time-feature (``timeF``: linear, with bias) embeddings, then dropout."""
 
     def __init__(self, c_in: int, d_model: int, mark_dim: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.value = TokenEmbedding(c_in, d_model)
         self.position = PositionalEmbedding(d_model)
-        self.time = nn.Linear(mark_dim, d_model, bias=False) if mark_dim > 0 else None
+        self.time = nn.Linear(mark_dim, d_model) if mark_dim > 0 else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, x_mark: Tensor) -> Tensor:
@@ -119,14 +123,14 @@ class ProbAttention(nn.Module):
         mask_flag: Causal (decoder self-attention; needs L_Q == L_K).
         factor: c in ``u = c ln L``.
         scale: Logit scale, default ``D ** -0.5``.
-        attention_dropout: Dropout on the attention weights of the selected queries.
+        attention_dropout: Accepted for the common signature and unused: Informer2020's ProbAttention builds
+            this dropout but never applies it.
     """
 
     def __init__(self, mask_flag: bool = True, factor: int = 5, scale: Optional[float] = None,
                  attention_dropout: float = 0.1) -> None:
         super().__init__()
         self.mask_flag, self.factor, self.scale = mask_flag, factor, scale
-        self.dropout = nn.Dropout(attention_dropout)
 
     def select_queries(self, q: Tensor, k: Tensor, u: int) -> Tensor:
         """(B, H, u) indices of the queries with the largest sparsity measure M (Eq. 4) on sampled keys."""
@@ -157,7 +161,7 @@ class ProbAttention(nn.Module):
         if self.mask_flag:
             future = torch.arange(l_k, device=q.device)[None, None, None, :] > top[..., None]
             scores = scores.masked_fill(future, float('-inf'))
-        attn = self.dropout(torch.softmax(scores, dim=-1))
+        attn = torch.softmax(scores, dim=-1)
         lazy = v.cumsum(dim=2) if self.mask_flag else v.mean(dim=2, keepdim=True).expand(-1, -1, l_q, -1)
         context = lazy.scatter(2, top[..., None].expand(-1, -1, -1, v.shape[-1]), (attn @ v).to(v.dtype))
         return context.transpose(1, 2)  # (B, L_Q, H, D)
@@ -399,6 +403,10 @@ FORECAST_MODELS: Dict[str, Dict[str, Any]] = {
     # a CPU-sized Informer: same structure, narrower, no dropout (a short run; dropout doubles its CPU time)
     'informer_cpu': dict(cls=Informer, d_model=64, n_heads=4, e_layers=2, d_layers=1, d_ff=128, factor=5,
                          dropout=0.0, lavo_slots=16),
+    # a mid-size Informer for a CPU reproduction of the published ETTh1 figures: a quarter of the width,
+    # Informer2020's dropout 0.05 and its head-mixing decoder self-attention (mix=True, as main_informer.py)
+    'informer_mid': dict(cls=Informer, d_model=128, n_heads=8, e_layers=2, d_layers=1, d_ff=512, factor=5,
+                         dropout=0.05, lavo_slots=16, mix=True),
     'linear': dict(cls=LinearForecaster),
 }
 
