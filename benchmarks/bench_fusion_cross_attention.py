@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cross_attention import inputs, run_once  # noqa: E402
 from measure import fmt, time_call  # noqa: E402
-from vision_priors.models.multimodal import CROSS_ATTENTIONS, CrossAttentionBlock, create_cross_block  # noqa: E402
+from vision_priors.models.multimodal import CONTENT_CROSS_ATTENTIONS, CrossAttentionBlock, create_cross_block  # noqa: E402
 
 
 class CrossPath(nn.Module):
@@ -68,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
     for tokens in args.tokens:
         x, context = inputs(tokens, args)
         row: Dict = {'M': tokens}
-        for cross_attn in CROSS_ATTENTIONS:
+        for cross_attn in CONTENT_CROSS_ATTENTIONS:
             model = build(cross_attn, args)
             for mode in ('fwd', 'fwdbwd'):
                 row[f'{cross_attn}_{mode}_s'] = time_call(lambda: run_once(model, x, context, mode), args.repeats)

@@ -63,8 +63,10 @@ Image tokens attend bidirectionally among themselves (``--image-attention prefix
 pope and nope are exactly invariant to the scan order (tested); ``causal`` is available.
 ``--arch fusion`` (``compare --archs single fusion``) swaps the single transformer for a timm ViT image
 encoder (goat, pope or lavo, by name) and a question decoder whose blocks cross-attend to the image tokens
-(``--cross-attn softmax | lavo``; ``vision_priors.models.spatial_vqa_fusion``); runs are labelled
-``<method>-fusion-<cross-attn>``.
+(``--cross-attn softmax | lavo``, or the positional ``goat`` / ``pope`` with the same ``--method``: question tokens at
+the single-stream model's text coordinates (c + t, c + t) cross-attend to the patches' canonical coordinates through
+the GOAT prior / PoPE phases; ``vision_priors.models.spatial_vqa_fusion``); runs are labelled
+``<method>-fusion-<cross-attn>``. ``compare`` pairs a positional cross-attention only with its own method.
 ``--prior-lr-scale`` (default 10) multiplies the learning rate of the positional-prior parameters (GOAT
 alpha, beta, key default; PoPE delta; rope / nope have none; ``vision_priors.optim.prior_param_groups``).
 GOAT's prior starts at zero (uniform: the bidirectional image part is permutation-equivariant) and its O(1)
@@ -109,7 +111,7 @@ from timm.optim import create_optimizer_v2
 from vision_priors.layers.goat import PRIOR_INITS
 from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
-from vision_priors.models.multimodal import CROSS_ATTENTIONS
+from vision_priors.models.multimodal import CONTENT_CROSS_ATTENTIONS, CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion
 
 from . import cli
@@ -129,6 +131,12 @@ ARCHS = ('single', 'fusion')  # one transformer over image + text, or image enco
 def model_name(method: str, arch: str = 'single', cross_attn: str = 'softmax') -> str:
     """Run / table label: the method for the single-stream model, '<method>-fusion-<cross_attn>' otherwise."""
     return method if arch == 'single' else f'{method}-fusion-{cross_attn}'
+
+
+def fusion_cross_attns(method: str, cross_attns: Sequence[str]) -> List[str]:
+    """The cross-attentions a fusion model with encoder ``method`` runs: every content one, a positional one
+    ('goat', 'pope') only with the same method."""
+    return [c for c in cross_attns if c not in POSITIONAL_CROSS_ATTENTIONS or c == method]
 
 
 def parse_model_name(name: str) -> tuple:
@@ -201,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='single: one transformer over image + question tokens; fusion: a timm ViT image encoder '
                         f'(--method in {FUSION_METHODS}) and a question decoder cross-attending to the image tokens')
     p.add_argument('--cross-attn', choices=CROSS_ATTENTIONS, default='softmax',
-                   help='fusion only: the decoder\'s cross-attention (softmax, or LAVO: linear in image tokens)')
+                   help='fusion only: the decoder\'s cross-attention (softmax, or LAVO: linear in image tokens; goat / '
+                        'pope: positional, text at (c + t, c + t) vs patch coordinates, with the same --method)')
     add_training_args(p, sweep=False)
     p = add_command('eval', 'evaluate run folders on seen and unseen scan orders')
     p.add_argument('runs', nargs='+', help='run folders, their checkpoint folders or their best/ folders')
@@ -213,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--methods', nargs='+', choices=POS_METHODS, default=list(POS_METHODS))
     p.add_argument('--archs', nargs='+', choices=ARCHS, default=['single'],
                    help='architectures to compare; fusion runs one model per --cross-attns entry')
-    p.add_argument('--cross-attns', nargs='+', choices=CROSS_ATTENTIONS, default=list(CROSS_ATTENTIONS),
-                   help='fusion cross-attentions to compare')
+    p.add_argument('--cross-attns', nargs='+', choices=CROSS_ATTENTIONS, default=list(CONTENT_CROSS_ATTENTIONS),
+                   help='fusion cross-attentions to compare (goat / pope run with the same method only)')
     add_training_args(p, sweep=True)
     return parser
 
@@ -228,6 +237,12 @@ def validate(args: argparse.Namespace) -> None:
     methods = [args.method] if args.command == 'train' else args.methods
     if fusion and any(m not in FUSION_METHODS for m in methods):
         raise ValueError(f'--arch fusion needs --method(s) in {FUSION_METHODS} (the ViT image encoder), got {methods}')
+    if fusion:
+        cross_attns = [args.cross_attn] if args.command == 'train' else args.cross_attns
+        for c in cross_attns:
+            if c in POSITIONAL_CROSS_ATTENTIONS and c not in methods:
+                raise ValueError(f'--cross-attn {c} is positional and needs --method {c} (the same method in the '
+                                 f'image encoder), got {methods}')
     if not fusion and args.image_pos != 'none':
         raise ValueError('--image-pos is an option of --arch fusion (the single-stream model has no image encoder)')
     if fusion and args.image_attention != 'prefix':
@@ -497,7 +512,7 @@ def dispatch(args: argparse.Namespace) -> Dict[str, Any]:
         rows = run_eval(args, args.runs, dict(data=args.data, test_scenes=args.test_scenes))
         return report(rows, args, out, 'evaluation')
     names = [model_name(m, arch, c) for m in args.methods for arch in args.archs
-             for c in (args.cross_attns if arch == 'fusion' else ['softmax'])]
+             for c in (fusion_cross_attns(m, args.cross_attns) if arch == 'fusion' else ['softmax'])]
     runs = sweep_folders(out, names, args.seeds, args.resume, flag='--methods')
     train_sweep(run_train, args, runs)
     rows = run_eval(args, [str(run_dir) for _, _, run_dir in runs], {})

@@ -1,5 +1,6 @@
-"""Multimodal blocks (``vision_priors.models.multimodal``): cross paths vs float64 references written from the
-equations, the context mask, the all-masked sample, timm conventions, TorchScript and torch.fx.
+"""Multimodal blocks (``vision_priors.models.multimodal``): the content cross paths (softmax, LAVO; the positional
+GOAT / PoPE ones: tests/test_prior_cross_attention.py) vs float64 references written from the equations, the
+context mask, the all-masked sample, timm conventions, TorchScript and torch.fx.
 
 Tolerances: float64 everywhere; the fast paths (SDPA, LAVO's factorised CODE ops) and the dense references
 sum in different orders, so forward and gradients agree to rtol = atol = 1e-10.
@@ -16,8 +17,8 @@ from timm.models import get_notrace_functions, get_notrace_modules
 from timm.models._manipulate import checkpoint
 
 from vision_priors.kernels.lavo_ref import lavo_global_reference
-from vision_priors.models.multimodal import (CROSS_ATTENTIONS, SELF_ATTENTIONS, CrossAttentionBlock,
-                                             create_cross_block)
+from vision_priors.models.multimodal import (CONTENT_CROSS_ATTENTIONS as CROSS_ATTENTIONS, SELF_ATTENTIONS,
+                                             CrossAttentionBlock, create_cross_block)
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 DIM, HEADS = 40, 2  # head dim 20: room for GOAT's d_p = 2 R D + 2 = 10 with R = 2 modes in 2D

@@ -8,7 +8,7 @@ import torch
 
 from run_helpers import final_weights
 from vision_priors.layers import grid_coords
-from vision_priors.models.multimodal import CROSS_ATTENTIONS
+from vision_priors.models.multimodal import CONTENT_CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS
 import math
 
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion, coordinate_features
@@ -42,10 +42,14 @@ def _data(seed: int = 0):
 @pytest.mark.parametrize('method', FUSION_METHODS)
 def test_answers_ignore_the_scan_order_but_not_the_layout(method, one_thread):
     """Canonical coordinates (and, for LAVO, the grid order rebuilt from them; the sincos features travel with
-    their tokens): the same scene in any scan order gives the same answers; the same contents at other places
-    (a different scene) do not."""
+    their tokens; the positional cross-attention's image coordinates are the scan-ordered input coordinates): the
+    same scene in any scan order gives the same answers; the same contents at other places (a different scene) do
+    not."""
     content, coords, text = _data()
-    for cross_attn, image_pos in zip(CROSS_ATTENTIONS, IMAGE_POS):  # softmax without, LAVO with sincos features
+    configs = list(zip(CONTENT_CROSS_ATTENTIONS, IMAGE_POS))  # softmax without, LAVO with sincos features
+    if method in POSITIONAL_CROSS_ATTENTIONS:
+        configs.append((method, 'none'))  # the method's own positional cross-attention
+    for cross_attn, image_pos in configs:
         model = _model(method, cross_attn, image_pos=image_pos)
         ref = model(content, coords, text)
         for orders in (['hilbert', 'spiral'], ['reverse', 'quad_col']):
@@ -56,7 +60,7 @@ def test_answers_ignore_the_scan_order_but_not_the_layout(method, one_thread):
         assert (model(moved, coords, text) - ref).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize('cross_attn', CROSS_ATTENTIONS)
+@pytest.mark.parametrize('cross_attn', CONTENT_CROSS_ATTENTIONS + ('goat',))
 def test_questions_are_independent_and_checkpointing_is_exact(cross_attn, one_thread):
     """Changing one question never changes another's answer; grad checkpointing gives the same values and
     gradients (timm's ``set_grad_checkpointing``)."""
@@ -101,6 +105,10 @@ def test_model_errors(one_thread):
         SpatialVQAFusion('rope', vocab_size=12, patch_dim=6, grid_size=(4, 4))
     with pytest.raises(ValueError, match='cross_attn must be one of'):
         SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), cross_attn='linear')
+    with pytest.raises(ValueError, match=r"cross_attn='pope' is positional and needs pos_method='pope'"):
+        SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), cross_attn='pope')
+    with pytest.raises(ValueError, match=r"cross_attn='goat' is positional and needs pos_method='goat'"):
+        SpatialVQAFusion('lavo', vocab_size=12, patch_dim=6, grid_size=(4, 4), cross_attn='goat')
     with pytest.raises(ValueError, match='image_pos must be one of'):
         SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(4, 4), image_pos='learned')
     content, coords, text = _data()
@@ -123,6 +131,12 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
         recipe.main(['train', '--image-pos', 'sincos', '--out', str(tmp_path / 'r'), *TINY])
     with pytest.raises(SystemExit):
         recipe.main(['train', '--arch', 'fusion', '--cross-attn', 'linear'])
+    with pytest.raises(ValueError, match='--cross-attn goat is positional and needs --method goat'):
+        recipe.main(['train', '--arch', 'fusion', '--method', 'pope', '--cross-attn', 'goat', '--out',
+                     str(tmp_path / 'r'), *TINY])
+    with pytest.raises(ValueError, match='--cross-attn pope is positional and needs --method pope'):
+        recipe.main(['compare', '--methods', 'goat', '--archs', 'fusion', '--cross-attns', 'softmax', 'pope',
+                     '--out', str(tmp_path / 'r'), *TINY])
     assert not (tmp_path / 'r').exists()
 
 
@@ -155,3 +169,12 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     assert list(results['summary']) == ['goat', 'goat-fusion-softmax', 'goat-fusion-lavo']
     assert results['config']['archs'] == ['single', 'fusion']
     assert '| goat-fusion-lavo |' in results['table_markdown']
+    # the positional cross-attention: pairs with its own method only; label round trip
+    assert recipe.fusion_cross_attns('pope', ['softmax', 'goat', 'pope']) == ['softmax', 'pope']
+    assert recipe.parse_model_name(recipe.model_name('goat', 'fusion', 'goat')) == ('goat', 'fusion', 'goat')
+    pos = tmp_path / 'compare_positional'
+    recipe.main(['compare', '--methods', 'goat', 'pope', '--archs', 'fusion', '--cross-attns', 'goat', 'pope',
+                 '--seeds', '0', *TINY, '--updates', '1', '--out', str(pos)])
+    results = json.loads((pos / 'results.json').read_text())
+    assert list(results['summary']) == ['goat-fusion-goat', 'pope-fusion-pope']
+    assert '| pope-fusion-pope |' in results['table_markdown']

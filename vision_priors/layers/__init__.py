@@ -3,10 +3,12 @@ from .coords import grid_coords, resolve_token_coords, sequence_coords
 from .goat import GoatAttention, GoatPrior, goat_positional_dim
 from .pope import PopeAttention, PopePhases, wrap_phase_bias
 from .lavo import LavoAttention, LavoCrossAttention, LavoState
+from .cross_prior import GoatCrossAttention, PopeCrossAttention
 
 __all__ = [
     'grid_coords', 'resolve_token_coords', 'sequence_coords',
     'GoatAttention', 'GoatPrior', 'goat_positional_dim',
     'PopeAttention', 'PopePhases', 'wrap_phase_bias',
     'LavoAttention', 'LavoCrossAttention', 'LavoState',
+    'GoatCrossAttention', 'PopeCrossAttention',
 ]

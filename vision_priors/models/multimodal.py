@@ -5,7 +5,7 @@ timm's layer scale / drop path / norm and MLP layers, the same constructor keywo
 sub-layer between the self-attention and the MLP::
 
     x = x + drop_path1(ls1(self_attn(norm1(x), coords, ...)))          # GOAT / PoPE / LAVO / plain
-    x = x + drop_path_cross(ls_cross(cross_attn(norm_cross(x), context, context_mask)))
+    x = x + drop_path_cross(ls_cross(cross_attn(norm_cross(x), context, context_mask[, cross_coords, context_coords])))
     x = x + drop_path2(ls2(mlp(norm2(x))))
 
 Self-attention (``self_attn``): ``'goat'`` (GOAT Eqs. 12 / 20-27, 1D or axis-wise 2D prior on ``coords``),
@@ -20,14 +20,24 @@ Self-attention (``self_attn``): ``'goat'`` (GOAT Eqs. 12 / 20-27, 1D or axis-wis
                  so this output depends on the context only through its masked mean token (tested): a query
                  cannot single out one context token, only read what the average carries.
 
-Neither cross-attention uses positions: the context carries its position in its features (e.g. a GOAT /
-PoPE image encoder's output); the query stream's own coordinates go to the self-attention only.
+  ``'goat'``     :class:`~vision_priors.layers.GoatCrossAttention` (GOAT Eqs. 11-27): content logits plus the GOAT
+                 log-prior ``K_rel(p_i - p'_j) + u_h(p'_j)`` between the query coordinates p_i and the context
+                 coordinates p'_j, one SDPA call; O(m n).
+  ``'pope'``     :class:`~vision_priors.layers.PopeCrossAttention` (PoPE Eqs. 3-6): softplus magnitudes, phases of
+                 the query and context coordinates (learned delta on the key side); O(m n).
+
+``'softmax'`` and ``'lavo'`` use no positions (``CONTENT_CROSS_ATTENTIONS``): the context carries its position in its
+features (e.g. a GOAT / PoPE image encoder's output); the query stream's coordinates go to the self-attention
+only, ``context_coords`` is ignored. ``'goat'`` and ``'pope'`` (``POSITIONAL_CROSS_ATTENTIONS``) need coordinates of
+both sides in one frame (``cross_spatial_dims`` axes, default the self-attention's): the context's
+``context_coords`` and the queries' ``cross_coords`` (default: ``coords``, the self-attention's, when both use the
+same frame); a positional cross-attention called without them raises ValueError.
 
 The context is used as given (no norm inside the block: pass an encoder's final-norm output).
 ``context_mask`` is the package's one key-mask convention: bool (B, n), True = valid context token,
 checked by :func:`vision_priors.kernels._backend.check_key_mask`. Masked context tokens have no effect on
 the output or on any gradient. A sample with no valid context token (all masked, or n = 0) gets a zero
-attention output before the projection in both forms, so its cross-attention sub-layer adds
+attention output before the projection in every form, so its cross-attention sub-layer adds
 ``drop_path_cross(ls_cross(proj.bias))``: the same constant for every query, independent of the context,
 with finite (zero) gradients through the context.
 """
@@ -44,15 +54,19 @@ from timm.models import register_notrace_function, register_notrace_module
 
 from vision_priors.kernels._backend import check_key_mask
 
-from ..layers import GoatAttention, LavoAttention, LavoCrossAttention, PopeAttention
+from ..layers import (GoatAttention, GoatCrossAttention, LavoAttention, LavoCrossAttention, PopeAttention,
+                      PopeCrossAttention)
 from .point_completion import VanillaCrossAttention
 from .vision_transformer_priors import PriorBlock
 
-__all__ = ['SELF_ATTENTIONS', 'CROSS_ATTENTIONS', 'SoftmaxCrossAttention', 'CrossAttentionBlock',
-           'LavoCrossAttentionBlock', 'PlainCrossAttentionBlock', 'create_cross_block']
+__all__ = ['SELF_ATTENTIONS', 'CROSS_ATTENTIONS', 'CONTENT_CROSS_ATTENTIONS', 'POSITIONAL_CROSS_ATTENTIONS',
+           'SoftmaxCrossAttention', 'CrossAttentionBlock', 'LavoCrossAttentionBlock', 'PlainCrossAttentionBlock',
+           'create_cross_block']
 
 SELF_ATTENTIONS = ('goat', 'pope', 'lavo', 'plain')
-CROSS_ATTENTIONS = ('softmax', 'lavo')
+CONTENT_CROSS_ATTENTIONS = ('softmax', 'lavo')  # no positions: forward(x, context, key_mask)
+POSITIONAL_CROSS_ATTENTIONS = ('goat', 'pope')  # query and context coordinates
+CROSS_ATTENTIONS = CONTENT_CROSS_ATTENTIONS + POSITIONAL_CROSS_ATTENTIONS
 
 
 class SoftmaxCrossAttention(VanillaCrossAttention):
@@ -100,6 +114,20 @@ class SoftmaxCrossAttention(VanillaCrossAttention):
 
 # the mask checks depend on data (the mask) under torch.fx: trace the cross-attention as one leaf call
 register_notrace_module(SoftmaxCrossAttention)
+register_notrace_module(GoatCrossAttention)
+register_notrace_module(PopeCrossAttention)
+
+
+@torch.fx.wrap
+@register_notrace_function
+def check_positional_cross_call(coords: Optional[Tensor], context_coords: Optional[Tensor], kind: str) -> None:
+    """A positional cross-attention needs the queries' and the context's coordinates."""
+    if coords is None:
+        raise ValueError("cross_attn='" + kind + "' is positional: pass the queries' coordinates (coords, or "
+                         "cross_coords) to the block's forward")
+    if context_coords is None:
+        raise ValueError("cross_attn='" + kind + "' is positional: pass context_coords (the context tokens' "
+                         "coordinates) to the block's forward")
 
 
 @torch.fx.wrap
@@ -116,10 +144,14 @@ class CrossAttentionBlock(PriorBlock):
     """Pre-norm block: GOAT / PoPE self-attention on ``coords``, cross-attention to ``context``, MLP.
 
     Args:
-        cross_attn: 'softmax' or 'lavo' (module docstring).
+        cross_attn: 'softmax', 'lavo', 'goat' or 'pope' (module docstring).
         context_dim: Width of the context tokens (default ``dim``).
         cross_slots: r, LAVO memory slots per head (capped at the head dim; 'lavo' only).
         cross_basis: LAVO basis mode ('fixed', 'orthogonal', 'penalty'; 'lavo' only).
+        cross_spatial_dims: 'goat' / 'pope': axes D of the query and context coordinates (default: the
+            self-attention's ``num_spatial_dims``, else 2).
+        cross_kwargs: 'goat' / 'pope': extra options of the cross layer (``num_modes``, ``freq_base``,
+            ``prior_init``, ...); its query prefix tokens are the block's ``num_prefix_tokens``.
         **block_kwargs: :class:`PriorBlock`'s arguments (``attn_layer`` builds the self-attention;
             ``init_values`` / ``drop_path`` / ``norm_layer`` / ``proj_drop`` / ``attn_drop`` apply to the
             cross sub-layer too).
@@ -141,6 +173,8 @@ class CrossAttentionBlock(PriorBlock):
             norm_layer: Type[nn.Module] = nn.LayerNorm,
             device=None,
             dtype=None,
+            cross_spatial_dims: Optional[int] = None,
+            cross_kwargs: Optional[Dict[str, Any]] = None,
             **block_kwargs,
     ) -> None:
         if cross_attn not in CROSS_ATTENTIONS:
@@ -149,12 +183,23 @@ class CrossAttentionBlock(PriorBlock):
                          init_values=init_values, drop_path=drop_path, norm_layer=norm_layer, device=device,
                          **block_kwargs)
         self.cross_attn_kind = cross_attn
+        if cross_kwargs and cross_attn not in POSITIONAL_CROSS_ATTENTIONS:
+            raise ValueError(f'cross_kwargs are options of the positional cross-attentions '
+                             f'{POSITIONAL_CROSS_ATTENTIONS}, not of {cross_attn!r}')
+        if cross_spatial_dims is None:
+            cross_spatial_dims = int(getattr(self.attn, 'num_spatial_dims', 2))
         with torch.device(device) if device is not None else nullcontext():
             self.norm_cross = norm_layer(dim)
             self.cross_attn: nn.Module
             if cross_attn == 'softmax':
                 self.cross_attn = SoftmaxCrossAttention(dim, num_heads=num_heads, context_dim=context_dim,
                                                         qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+            elif cross_attn in POSITIONAL_CROSS_ATTENTIONS:
+                layer = GoatCrossAttention if cross_attn == 'goat' else PopeCrossAttention
+                self.cross_attn = layer(
+                    dim, num_heads=num_heads, context_dim=context_dim, num_spatial_dims=cross_spatial_dims,
+                    num_prefix_tokens=self.num_prefix_tokens, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                    proj_drop=proj_drop, norm_layer=norm_layer, **(cross_kwargs or {}))
             else:
                 self.cross_attn = LavoCrossAttention(
                     dim, num_heads=num_heads, num_slots=min(cross_slots, dim // num_heads), context_dim=context_dim,
@@ -173,6 +218,15 @@ class CrossAttentionBlock(PriorBlock):
             return y
         return y
 
+    def cross_attention(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor], coords: Optional[Tensor],
+                        context_coords: Optional[Tensor]) -> Tensor:
+        """The cross-attention of the normed tokens; ``coords`` / ``context_coords`` for 'goat' / 'pope' only."""
+        # hasattr on a submodule is resolved when compiling (TorchScript skips the other branch)
+        if hasattr(self.cross_attn, 'takes_coordinates'):
+            check_positional_cross_call(coords, context_coords, self.cross_attn_kind)
+            return self.cross_attn(x, context, context_mask, coords, context_coords)
+        return self.cross_attn(x, context, context_mask)
+
     def forward(
             self,
             x: Tensor,
@@ -182,11 +236,17 @@ class CrossAttentionBlock(PriorBlock):
             attn_mask: Optional[Tensor] = None,
             is_causal: bool = False,
             context_mask: Optional[Tensor] = None,
+            context_coords: Optional[Tensor] = None,
+            cross_coords: Optional[Tensor] = None,
     ) -> Tensor:
         """x (B, N, C) tokens; context (B, n, context_dim) the other modality; ``context_mask`` (B, n) bool,
-        True = valid. ``coords`` / ``grid_size`` / ``attn_mask`` / ``is_causal`` go to the self-attention."""
+        True = valid. ``coords`` / ``grid_size`` / ``attn_mask`` / ``is_causal`` go to the self-attention.
+        'goat' / 'pope' cross-attention: ``context_coords`` (n, D) or (B, n, D) of the context tokens, and the
+        queries' coordinates ``cross_coords`` (default ``coords``), same layout as ``coords``."""
         x = x + self.drop_path1(self.ls1(self.self_attention(self.norm1(x), coords, grid_size, attn_mask, is_causal)))
-        x = x + self.drop_path_cross(self.ls_cross(self.cross_attn(self.norm_cross(x), context, context_mask)))
+        query_coords = coords if cross_coords is None else cross_coords
+        x = x + self.drop_path_cross(self.ls_cross(self.cross_attention(
+            self.norm_cross(x), context, context_mask, query_coords, context_coords)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
@@ -246,14 +306,17 @@ def create_cross_block(
     Args:
         self_attn: 'goat', 'pope', 'lavo' or 'plain'.
         dim, num_heads: Width and heads (shared by self- and cross-attention).
-        cross_attn: 'softmax' or 'lavo'.
-        num_spatial_dims: 1 (text, series: ``coords`` (N, 1)) or 2 (patches: (x, y)) for goat / pope / lavo.
+        cross_attn: 'softmax', 'lavo', 'goat' or 'pope'.
+        num_spatial_dims: 1 (text, series: ``coords`` (N, 1)) or 2 (patches: (x, y)) for goat / pope / lavo; also
+            the default ``cross_spatial_dims`` of a 'goat' / 'pope' cross-attention.
         causal: LAVO only: build a causal self-attention (1D); goat / pope / plain take ``is_causal`` per call.
         num_prefix_tokens: Leading tokens without coordinates (goat / pope / lavo 2D).
         attn_kwargs: Extra options of the self-attention layer (e.g. ``num_modes`` for GOAT, ``window`` for LAVO).
         **block_kwargs: :class:`CrossAttentionBlock` / :class:`PriorBlock` arguments.
     """
     attn_kwargs = dict(attn_kwargs or {})
+    if block_kwargs.get('cross_spatial_dims') is None:
+        block_kwargs['cross_spatial_dims'] = num_spatial_dims
     if self_attn in ('goat', 'pope'):
         layer = GoatAttention if self_attn == 'goat' else PopeAttention
         return CrossAttentionBlock(dim, num_heads, cross_attn=cross_attn, attn_layer=partial(

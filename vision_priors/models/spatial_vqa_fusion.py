@@ -13,10 +13,20 @@ image and question tokens. :class:`SpatialVQAFusion` separates the modalities (s
                   question tokens: causal self-attention inside each question (1D positions restarting at
                   t = 0; GOAT / PoPE 1D for ``goat`` / ``pope``, plain softmax for ``lavo``: a causal LAVO
                   running mean would mix the independent questions of a scene), then cross-attention to the
-                  encoded image tokens (``cross_attn``: ``'softmax'`` or ``'lavo'``, LAVO Sec. 3.4), MLP.
+                  encoded image tokens (``cross_attn``: ``'softmax'`` or ``'lavo'``, LAVO Sec. 3.4, or the
+                  positional ``'goat'`` / ``'pope'``, below), MLP.
+
+Positional cross-attention (``cross_attn='goat'`` with ``pos_method='goat'``, ``'pope'`` with ``'pope'``): the
+decoder's cross-attention is :class:`~vision_priors.layers.GoatCrossAttention` /
+:class:`~vision_priors.layers.PopeCrossAttention` in 2D. Question token t of every question sits at (c + t, c + t),
+c = max(rows, cols) (``vqa_text_coords``, exactly the single-stream model's text coordinates), the image tokens at
+their canonical (x, y) in the encoder's output order; so a question token can reach an image region through the
+GOAT prior / PoPE phases between its coordinate and the patches', as in the single-stream model, instead of
+having to learn that routing bilinearly from the features. The decoder's self-attention keeps its 1D
+within-question positions t.
 
 Image positions (``image_pos``): ``'none'`` (default) leaves position to the encoder's attention only. The
-decoder's cross-attention has no positional term, and LAVO's compression averages over the image, so with
+content cross-attentions (``'softmax'``, ``'lavo'``) have no positional term, and LAVO's compression averages over the image, so with
 ``'none'`` a question can reach a region only through what the encoder writes into the token features (with a
 relative prior: mostly boundary effects). ``'sincos'`` adds fixed 2D sin / cos features of the canonical (x, y)
 (:func:`coordinate_features`, as MAE's 2D sin-cos table but per token) to the patch embeddings, so every image
@@ -35,7 +45,8 @@ import timm
 from timm.layers import trunc_normal_
 from timm.models._manipulate import checkpoint
 
-from .multimodal import CROSS_ATTENTIONS, create_cross_block
+from .multimodal import CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS, create_cross_block
+from .spatial_vqa import vqa_text_coords
 from . import vision_transformer_priors  # noqa: F401  (registers the timm models built by name below)
 
 __all__ = ['SpatialVQAFusion', 'FUSION_METHODS', 'IMAGE_POS', 'coordinate_features', 'question_self_attention_mask']
@@ -85,7 +96,8 @@ class SpatialVQAFusion(nn.Module):
             goat_kwargs, pope_kwargs, drop_path_rate, qkv_bias: as ``SpatialVQATransformer``.
         depth: Encoder blocks.
         decoder_depth: Decoder blocks (default ``depth``).
-        cross_attn: 'softmax' or 'lavo'.
+        cross_attn: 'softmax' or 'lavo'; or 'goat' / 'pope' (the same as ``pos_method``): positional
+            cross-attention between text coordinates (c + t, c + t) and the patches' canonical coordinates.
         cross_slots: LAVO cross-attention slots r per head (capped at the head dim).
         image_pos: 'none' or 'sincos' (module docstring).
     """
@@ -116,6 +128,9 @@ class SpatialVQAFusion(nn.Module):
             raise ValueError(f'pos_method must be one of {FUSION_METHODS} for the fusion model, got {pos_method!r}')
         if cross_attn not in CROSS_ATTENTIONS:
             raise ValueError(f'cross_attn must be one of {CROSS_ATTENTIONS}, got {cross_attn!r}')
+        if cross_attn in POSITIONAL_CROSS_ATTENTIONS and cross_attn != pos_method:
+            raise ValueError(f"cross_attn={cross_attn!r} is positional and needs pos_method={cross_attn!r} (the same "
+                             f"method in the encoder and the cross-attention), got pos_method={pos_method!r}")
         if image_pos not in IMAGE_POS:
             raise ValueError(f'image_pos must be one of {IMAGE_POS}, got {image_pos!r}')
         if image_pos == 'sincos' and embed_dim % 4:
@@ -152,10 +167,13 @@ class SpatialVQAFusion(nn.Module):
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         rates = torch.linspace(0, drop_path_rate, decoder_depth).tolist()
         decoder_attn = pos_method if pos_method in ('goat', 'pope') else 'plain'
+        self.positional_cross = cross_attn in POSITIONAL_CROSS_ATTENTIONS
         self.decoder_blocks = nn.ModuleList([
             create_cross_block(decoder_attn, embed_dim, num_heads, cross_attn=cross_attn, num_spatial_dims=1,
                                attn_kwargs=method_kwargs if decoder_attn != 'plain' else None, cross_slots=cross_slots,
-                               mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=rates[i])
+                               mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=rates[i],
+                               **({'cross_spatial_dims': 2, 'cross_kwargs': dict(method_kwargs)}
+                                  if self.positional_cross else {}))
             for i in range(decoder_depth)])
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, vocab_size)
@@ -182,7 +200,7 @@ class SpatialVQAFusion(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
         """Positional-prior parameters (GOAT alpha, beta, key defaults; PoPE delta) get no weight decay."""
-        return {name for name, _ in self.named_parameters() if '.attn.prior.' in name or '.attn.phases.' in name}
+        return {name for name, _ in self.named_parameters() if 'attn.prior.' in name or 'attn.phases.' in name}
 
     def encode_image(self, patches: Tensor, coords: Tensor) -> Tensor:
         """(B, M, C) encoded image tokens (normed), in scan order (goat / pope) or row-major order (lavo)."""
@@ -218,10 +236,16 @@ class SpatialVQAFusion(nn.Module):
         x = self.text_embed(text.flatten(1))
         positions = torch.arange(T, device=x.device, dtype=x.dtype).repeat(num_questions)[:, None]
         mask = question_self_attention_mask(num_questions, T, x.device)
+        image_coords: Optional[Tensor] = None
+        text_coords: Optional[Tensor] = None
+        if self.positional_cross:
+            # goat / pope encoders keep the scan order: the image tokens' coordinates are the input coords
+            image_coords = coords
+            text_coords = vqa_text_coords(num_questions, T, self.grid_size, device=x.device, dtype=coords.dtype)
         for blk in self.decoder_blocks:
             if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, image, positions, None, mask, False, None)
+                x = checkpoint(blk, x, image, positions, None, mask, False, None, image_coords, text_coords)
             else:
-                x = blk(x, image, positions, None, mask, False, None)
+                x = blk(x, image, positions, None, mask, False, None, image_coords, text_coords)
         answer_index = torch.arange(num_questions, device=x.device) * T + T - 1
         return self.head(self.norm(x[:, answer_index]))
