@@ -110,3 +110,19 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match='too few for a 10% validation split'):
         recipe.main(['train', *tiny(), '--text', str(tmp_path / 'short.txt'), '--out', r])
     assert not Path(r).exists()
+
+
+def test_passkey_jobs_fine_tune_in_worker_processes(tmp_path):
+    """``passkey --jobs 2`` fine-tunes the runs in two spawned workers (``runs.train_sweep``): every fine-tuned
+    run ends with the weights it gets when the runs fine-tune one at a time, and the results are the same."""
+    from run_helpers import assert_same_final_weights
+    train = tmp_path / 'train'
+    recipe.main(['train', '--methods', 'goat', 'rope', *tiny(), '--updates', '2', '--out', str(train)])
+    runs = [str(train / 'goat' / 'seed0'), str(train / 'rope' / 'seed0')]
+    flags = ['--passkey-updates', '2', '--multiples', '1', '--depths', '0.5', '--passkey-samples', '2', '--cpu',
+             '--batch-size', '2', '--threads', '1']
+    one = recipe.main(['passkey', *runs, *flags, '--jobs', '1', '--out', str(tmp_path / 'one')])
+    two = recipe.main(['passkey', *runs, *flags, '--jobs', '2', '--out', str(tmp_path / 'two')])
+    for name in ('goat', 'rope'):
+        assert_same_final_weights(tmp_path / 'one' / name / 'seed0', tmp_path / 'two' / name / 'seed0')
+    assert [r['cells'] for r in one['rows']] == [r['cells'] for r in two['rows']]
