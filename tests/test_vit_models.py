@@ -207,3 +207,27 @@ def test_training_after_inference_mode_at_a_new_size(name):
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref)
+
+
+def test_goat_vit_prior_is_relative_by_default():
+    """The ViTs' GOAT has no key-default MLP (``VIT_GOAT_DEFAULTS``), so every block's logits depend on patch
+    coordinates only through their differences: shifting the whole grid changes nothing, the property that lets
+    the model run on grids larger than its training grid without leaving the prior's training range."""
+    from vision_priors.models.vision_transformer_priors import VIT_GOAT_DEFAULTS
+    assert VIT_GOAT_DEFAULTS == dict(key_mlp_hidden=0)
+    model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
+                              patch_size=8, class_token=False, global_pool='avg', num_classes=0).double()
+    attn = model.blocks[0].attn
+    assert attn.prior.key_mlp is None
+    with torch.no_grad():
+        attn.prior.alpha.normal_()
+        attn.prior.beta.normal_()
+    x = torch.randn(2, 16, 48, dtype=torch.float64)
+    ys, xs = torch.meshgrid(torch.arange(4.), torch.arange(4.), indexing='ij')
+    coords = torch.stack([xs.flatten(), ys.flatten()], -1).double()
+    torch.testing.assert_close(attn(x, coords), attn(x, coords + torch.tensor([5., 3.], dtype=torch.float64)),
+                               rtol=1e-12, atol=1e-12)
+    # the paper's key-default MLP is one option away, and then absolute positions matter
+    with_mlp = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
+                                 patch_size=8, attn_kwargs=dict(key_mlp_hidden=8))
+    assert with_mlp.blocks[0].attn.prior.key_mlp is not None
