@@ -24,9 +24,16 @@ Published-figure comparison on the real ETTh1 (multivariate), CPU-sized (the REA
   vision-priors forecast compare --data ../shared/data/ett/ETTh1.csv --features M --pred-lens 24 48 168 \\
       --seeds 0 1 --epochs 1 --threads 1 --out outputs/forecast
 
-Informer's full size (d_model 512, 6 epochs, patience 3), e.g. on a GPU:
+Informer's per-horizon lengths (``scripts/ETTh1.sh``) with the quarter-width ``informer_mid``, one epoch (about
+an hour on two shared cores):
 
-  vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 --seeds 0 1 2
+  vision-priors forecast compare --data ../shared/data/ett/ETTh1.csv --features M --model informer_mid \\
+      --pred-lens 24 48 168 --seq-lens 48 96 168 --label-lens 48 48 168 --seeds 0 1 --epochs 1 --threads 1
+
+Informer's full size and protocol (d_model 512, 6 epochs, patience 3, the script's lengths), e.g. on a GPU:
+
+  vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 \\
+      --seq-lens 48 96 168 168 336 --label-lens 48 48 168 168 336 --seeds 0 1 2
 """
 import argparse
 from pathlib import Path
