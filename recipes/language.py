@@ -19,10 +19,10 @@ Data (``vision_priors.recipes.data.text``): bytes of ``--text`` files / folders 
 or by default the English prose of CPython's ``pydoc_data.topics`` (``--with-stdlib`` adds the standard
 library's sources); blocks of ``--block-bytes`` split into train / validation by a seeded choice.
 
-The README's CPU result (training length 128, seeds 0 1; about 20 minutes on 2 shared cores, see there):
+The README's CPU result (training length 128, seeds 0 1; 24 minutes on 2 cores shared with other jobs, see there):
 
-  vision-priors lm compare --seeds 0 1 --batch-size 4 --updates 150 --passkey-updates 25 --index-updates 40 \\
-      --depths 0 0.5 1 --passkey-samples 4 --eval-windows 4 --threads 2 --out outputs/lm/compare
+  vision-priors lm compare --seeds 0 1 --batch-size 16 --updates 1000 --passkey-updates 300 --index-updates 200 \\
+      --depths 0 0.5 1 --passkey-samples 8 --eval-windows 4 --threads 1 --jobs 2 --out outputs/lm/compare
 
 GPU scale, e.g. a larger model on the stdlib corpus:
 
