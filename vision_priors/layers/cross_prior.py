@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from vision_priors.kernels._backend import check_key_mask
 
 from .coords import resolve_token_coords
-from .goat import GoatPrior, goat_positional_dim
+from .goat import GoatPrior, goat_head_dims
 from .kernel_dispatch import key_mask_to_attn_mask
 from .pope import PopePhases, phase_table, pope_features, softplus_magnitude
 
@@ -50,6 +50,11 @@ from .pope import PopePhases, phase_table, pope_features, softplus_magnitude
 torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['GoatCrossAttention', 'PopeCrossAttention', 'POSITIONAL_CROSS_LAYERS']
+
+
+def check_prefix_tokens(num_prefix_tokens: int) -> None:
+    if num_prefix_tokens < 0:
+        raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
 
 
 def _check_context(x: Tensor, context: Tensor, context_dim: int) -> None:
@@ -127,19 +132,8 @@ class GoatCrossAttention(nn.Module):
             **prior_kwargs,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
-        if num_prefix_tokens < 0:
-            raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
-        head_dim = dim // num_heads
-        positional_dim = goat_positional_dim(num_modes, num_spatial_dims)
-        content_dim = head_dim - positional_dim
-        if content_dim < 1:
-            raise ValueError(
-                f'head dim {head_dim} (dim {dim} / {num_heads} heads) is too small for GOAT: '
-                f'{num_modes} modes x {num_spatial_dims} axes need d_p = 2*{num_modes}*{num_spatial_dims}+2 '
-                f'= {positional_dim} positional coordinates, leaving {content_dim} content coordinates; '
-                f'use fewer modes or heads (need head dim > {positional_dim})')
+        check_prefix_tokens(num_prefix_tokens)
+        head_dim, content_dim = goat_head_dims(dim, num_heads, num_modes, num_spatial_dims)
         self.dim = dim
         self.context_dim = dim if context_dim is None else context_dim
         self.num_heads = num_heads
@@ -250,10 +244,9 @@ class PopeCrossAttention(nn.Module):
             norm_layer: Type[nn.Module] = nn.LayerNorm,
     ) -> None:
         super().__init__()
+        check_prefix_tokens(num_prefix_tokens)
         if dim % num_heads != 0:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
-        if num_prefix_tokens < 0:
-            raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
         head_dim = dim // num_heads
         self.dim = dim
         self.context_dim = dim if context_dim is None else context_dim

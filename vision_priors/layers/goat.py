@@ -32,7 +32,7 @@ from .kernel_dispatch import check_kernel_backend, kernel_key_mask, key_mask_to_
 torch.fx.wrap('check_mask_args')
 torch.fx.wrap('resolve_token_coords')
 
-__all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim']
+__all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim', 'goat_head_dims']
 
 PRIOR_INITS = ('zero', 'random', 'alibi')
 # the 'alibi' cosine fit must stay within this share of m * extent of the ALiBi line and be monotone
@@ -47,6 +47,23 @@ def goat_positional_dim(num_modes: int, num_spatial_dims: int) -> int:
 def alibi_slopes(num_heads: int) -> Tensor:
     """Geometric ALiBi slopes m_h = 2^(-8 (h + 1) / H) (Press et al.), used by the 'alibi' init."""
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)], device="cpu")
+
+
+def goat_head_dims(dim: int, num_heads: int, num_modes: int, num_spatial_dims: int) -> Tuple[int, int]:
+    """(d_h, d_c): head width and the content coordinates left after d_p = 2 R D + 2 go to structure; raises
+    ValueError when ``dim`` does not split into ``num_heads`` heads or no content coordinate is left."""
+    if dim % num_heads != 0:
+        raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+    head_dim = dim // num_heads
+    positional_dim = goat_positional_dim(num_modes, num_spatial_dims)
+    content_dim = head_dim - positional_dim
+    if content_dim < 1:
+        raise ValueError(
+            f'head dim {head_dim} (dim {dim} / {num_heads} heads) is too small for GOAT: '
+            f'{num_modes} modes x {num_spatial_dims} axes need d_p = 2*{num_modes}*{num_spatial_dims}+2 '
+            f'= {positional_dim} positional coordinates, leaving {content_dim} content coordinates; '
+            f'use fewer modes or heads (need head dim > {positional_dim})')
+    return head_dim, content_dim
 
 
 class GoatPrior(nn.Module):
@@ -331,17 +348,7 @@ class GoatAttention(nn.Module):
             **prior_kwargs,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
-        head_dim = dim // num_heads
-        positional_dim = goat_positional_dim(num_modes, num_spatial_dims)
-        content_dim = head_dim - positional_dim
-        if content_dim < 1:
-            raise ValueError(
-                f'head dim {head_dim} (dim {dim} / {num_heads} heads) is too small for GOAT: '
-                f'{num_modes} modes x {num_spatial_dims} axes need d_p = 2*{num_modes}*{num_spatial_dims}+2 '
-                f'= {positional_dim} positional coordinates, leaving {content_dim} content coordinates; '
-                f'use fewer modes or heads (need head dim > {positional_dim})')
+        head_dim, content_dim = goat_head_dims(dim, num_heads, num_modes, num_spatial_dims)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.content_dim = content_dim
