@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from vision_priors.layers import PopeAttention, grid_coords, sequence_coords, wrap_phase_bias
+import vision_priors.layers.pope as pope_module
 from grad_check import assert_grads_match
 
 
@@ -63,8 +64,17 @@ def _randomize(layer: PopeAttention, seed: int = 0) -> None:
         layer.phases.phase_bias_raw.copy_(torch.randn(layer.phases.phase_bias_raw.shape, generator=gen) * 5)
 
 
+@pytest.fixture(params=['dense', 'sdpa'])
+def cpu_training_path(request, monkeypatch):
+    """CPU calls with autograd on take the explicit softmax path at short lengths (``use_dense_cpu_training``);
+    'sdpa' turns it off so the same test checks the SDPA path (values widened to 2d) too."""
+    if request.param == 'sdpa':
+        monkeypatch.setattr(pope_module, 'CPU_DENSE_TRAIN_LOGITS_BYTES', 0)
+    return request.param
+
+
 @pytest.mark.parametrize('case', sorted(CASES))
-def test_fast_path_matches_float64_reference(case):
+def test_fast_path_matches_float64_reference(case, cpu_training_path):
     kwargs, num_tokens, make_coords, causal = CASES[case]
     torch.manual_seed(0)
     layer = PopeAttention(**kwargs).double()
@@ -79,7 +89,7 @@ def test_fast_path_matches_float64_reference(case):
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
-def test_fused_matches_dense_float32(case):
+def test_fused_matches_dense_float32(case, cpu_training_path):
     kwargs, num_tokens, make_coords, causal = CASES[case]
     torch.manual_seed(1)
     layer = PopeAttention(**kwargs)
@@ -238,15 +248,16 @@ def test_cpu_inference_path_matches_float64_reference(case, path, monkeypatch):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol)
 
 
-def test_cpu_inference_path_matches_sdpa_path_float32():
-    """A ViT-S-like layer (6 heads of 64, class token, 14 x 14 grid) in float32: inference path vs SDPA path."""
+def test_cpu_inference_path_matches_sdpa_path_float32(cpu_training_path):
+    """A ViT-S-like layer (6 heads of 64, class token, 14 x 14 grid) in float32: inference path vs the autograd
+    paths (explicit softmax at this length, SDPA when forced)."""
     torch.manual_seed(10)
     layer = PopeAttention(384, 6, num_prefix_tokens=1, grid_size=(14, 14), qkv_bias=True).eval()
     _randomize(layer, 10)
     x = torch.randn(2, 197, 384)
     with torch.inference_mode():
         fast = layer(x)
-    sdpa = layer(x)  # autograd on: the SDPA path
+    sdpa = layer(x)  # autograd on: the dense path at 197 tokens, or SDPA when forced
     torch.testing.assert_close(fast, sdpa.detach(), rtol=0, atol=2e-6)
 
 
@@ -354,3 +365,28 @@ def test_softplus_magnitude_equals_softplus_forward_and_backward():
     assert torch.autograd.gradcheck(softplus_magnitude, (x,)) and torch.autograd.gradgradcheck(softplus_magnitude, (x,))
     with torch.no_grad():
         assert softplus_magnitude(x).grad_fn is None
+
+
+def test_dense_cpu_training_only_at_short_lengths():
+    """The explicit softmax path serves CPU autograd calls up to CPU_DENSE_TRAIN_LOGITS_BYTES of logits per head
+    (ViT-S at 224 px: 197 tokens), SDPA the longer ones (384 px: 577 tokens), and never no-grad calls."""
+    from vision_priors.layers.pope import use_dense_cpu_training
+    x = torch.zeros(1, 4, 8)
+    assert use_dense_cpu_training(x, 197) and not use_dense_cpu_training(x, 577)
+    with torch.no_grad():
+        assert not use_dense_cpu_training(x, 197)
+    # both autograd paths give the same values and gradients on a ViT-S-like layer in float32
+    torch.manual_seed(12)
+    layer = PopeAttention(96, 3, num_prefix_tokens=1, grid_size=(7, 7), qkv_bias=True)
+    _randomize(layer, 12)
+    x = torch.randn(2, 50, 96, requires_grad=True)
+    grads = []
+    for limit in (pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES, 0):
+        pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES, saved = limit, pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES
+        try:
+            out = layer(x)
+            grads.append((out.detach(),) + torch.autograd.grad(out.square().sum(), [x, *layer.parameters()]))
+        finally:
+            pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES = saved
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
