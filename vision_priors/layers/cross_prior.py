@@ -94,6 +94,27 @@ def _resolve_cross_coords(
     return query, context
 
 
+def init_cross_layers(module: nn.Module, dim: int, num_heads: int, context_dim: Optional[int], num_spatial_dims: int,
+                      num_prefix_tokens: int, qk_width: int, kv_out: int, qkv_bias: bool, qk_norm: bool,
+                      attn_drop: float, proj_drop: float, norm_layer: Type[nn.Module]) -> None:
+    """The attributes and layers both positional cross-attentions share: ``q`` (dim -> heads x ``qk_width``), ``kv``
+    (context_dim -> ``kv_out``), optional q / k norms over ``qk_width``, dropouts and the output projection."""
+    module.dim = dim
+    module.context_dim = dim if context_dim is None else context_dim
+    module.num_heads = num_heads
+    module.head_dim = dim // num_heads
+    module.num_spatial_dims = num_spatial_dims
+    module.num_prefix_tokens = num_prefix_tokens
+    module.q = nn.Linear(dim, num_heads * qk_width, bias=qkv_bias)
+    module.kv = nn.Linear(module.context_dim, kv_out, bias=qkv_bias)
+    module.q_norm = norm_layer(qk_width) if qk_norm else nn.Identity()
+    module.k_norm = norm_layer(qk_width) if qk_norm else nn.Identity()
+    module.attn_drop = nn.Dropout(attn_drop)
+    module.proj = nn.Linear(dim, dim)
+    module.proj_drop = nn.Dropout(proj_drop)
+    module.takes_coordinates = True  # the multimodal block passes query / context coordinates
+
+
 class GoatCrossAttention(nn.Module):
     """Multi-head cross-attention with the GOAT log-prior between query and context coordinates (Eqs. 11-27).
 
@@ -134,22 +155,10 @@ class GoatCrossAttention(nn.Module):
         super().__init__()
         check_prefix_tokens(num_prefix_tokens)
         head_dim, content_dim = goat_head_dims(dim, num_heads, num_modes, num_spatial_dims)
-        self.dim = dim
-        self.context_dim = dim if context_dim is None else context_dim
-        self.num_heads = num_heads
-        self.head_dim = head_dim
         self.content_dim = content_dim
-        self.num_spatial_dims = num_spatial_dims
-        self.num_prefix_tokens = num_prefix_tokens
         self.content_scale = content_dim ** -0.5
-        self.q = nn.Linear(dim, num_heads * content_dim, bias=qkv_bias)
-        self.kv = nn.Linear(self.context_dim, num_heads * (content_dim + head_dim), bias=qkv_bias)
-        self.q_norm = norm_layer(content_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(content_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.takes_coordinates = True  # the multimodal block passes query / context coordinates
+        init_cross_layers(self, dim, num_heads, context_dim, num_spatial_dims, num_prefix_tokens, content_dim,
+                          num_heads * (content_dim + head_dim), qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer)
         # the query prefix rows are added here (the context has none), so the prior itself has no prefix tokens
         self.prior = GoatPrior(num_heads, num_spatial_dims=num_spatial_dims, num_modes=num_modes, **prior_kwargs)
 
@@ -248,21 +257,9 @@ class PopeCrossAttention(nn.Module):
         if dim % num_heads != 0:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
         head_dim = dim // num_heads
-        self.dim = dim
-        self.context_dim = dim if context_dim is None else context_dim
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.num_spatial_dims = num_spatial_dims
-        self.num_prefix_tokens = num_prefix_tokens
         self.scale = head_dim ** -0.5
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(self.context_dim, 2 * dim, bias=qkv_bias)
-        self.q_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.takes_coordinates = True  # the multimodal block passes query / context coordinates
+        init_cross_layers(self, dim, num_heads, context_dim, num_spatial_dims, num_prefix_tokens, head_dim, 2 * dim,
+                          qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer)
         # the query prefix rows are added here (the context has none), so the phases have no prefix tokens
         self.phases = PopePhases(num_heads, head_dim, num_spatial_dims=num_spatial_dims, freq_base=freq_base,
                                  learn_bias=learn_bias)
