@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from timm.layers import LayerScale, RmsNorm
-from timm.models import get_notrace_functions, get_notrace_modules
 from timm.models._manipulate import checkpoint
 
+from trace_check import assert_scripted_and_traced_match
 from vision_priors.kernels.lavo_ref import lavo_global_reference
 from vision_priors.models.multimodal import (CONTENT_CROSS_ATTENTIONS as CROSS_ATTENTIONS, SELF_ATTENTIONS,
                                              CrossAttentionBlock, create_cross_block)
@@ -162,21 +162,7 @@ def test_torchscript_and_fx_match_eager(self_attn, one_thread):
         block = _block(self_attn, cross_attn, num_prefix_tokens=1 if lavo else 0)
         tokens = x[:, :7]
         args = (tokens, context.detach(), None if lavo else coords, grid, None, not lavo, mask)
-        with torch.no_grad():
-            ref = block(*args)
-            torch.testing.assert_close(torch.jit.script(block)(*args), ref, rtol=0, atol=1e-12)
-
-        class Tracer(torch.fx.Tracer):
-            def __init__(self):
-                super().__init__(autowrap_functions=tuple(get_notrace_functions()))
-
-            def is_leaf_module(self, m, name):
-                return isinstance(m, tuple(get_notrace_modules())) or super().is_leaf_module(m, name)
-
-        graph = Tracer().trace(block, concrete_args=dict(attn_mask=None, is_causal=not lavo))
-        traced = torch.fx.GraphModule(block, graph)
-        with torch.no_grad():
-            torch.testing.assert_close(traced(*args), ref, rtol=0, atol=1e-12)
+        assert_scripted_and_traced_match(block, args, is_causal=not lavo)
 
 def test_timm_conventions_layer_scale_norm_drop_path_checkpointing(one_thread):
     block = create_cross_block('goat', DIM, HEADS, cross_attn='lavo', attn_kwargs=dict(num_modes=2),

@@ -367,7 +367,7 @@ def test_softplus_magnitude_equals_softplus_forward_and_backward():
         assert softplus_magnitude(x).grad_fn is None
 
 
-def test_dense_cpu_training_only_at_short_lengths():
+def test_dense_cpu_training_only_at_short_lengths(monkeypatch):
     """The explicit softmax path serves CPU autograd calls up to CPU_DENSE_TRAIN_LOGITS_BYTES of logits per head
     (ViT-S at 224 px: 197 tokens), SDPA the longer ones (384 px: 577 tokens), and never no-grad calls."""
     from vision_priors.layers.pope import use_dense_cpu_training
@@ -381,12 +381,9 @@ def test_dense_cpu_training_only_at_short_lengths():
     _randomize(layer, 12)
     x = torch.randn(2, 50, 96, requires_grad=True)
     grads = []
-    for limit in (pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES, 0):
-        pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES, saved = limit, pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES
-        try:
-            out = layer(x)
-            grads.append((out.detach(),) + torch.autograd.grad(out.square().sum(), [x, *layer.parameters()]))
-        finally:
-            pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES = saved
+    for limit in (pope_module.CPU_DENSE_TRAIN_LOGITS_BYTES, 0):  # the dense path, then SDPA
+        monkeypatch.setattr(pope_module, 'CPU_DENSE_TRAIN_LOGITS_BYTES', limit)
+        out = layer(x)
+        grads.append((out.detach(),) + torch.autograd.grad(out.square().sum(), [x, *layer.parameters()]))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

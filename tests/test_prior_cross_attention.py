@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from timm.models import get_notrace_functions, get_notrace_modules
 
+from trace_check import assert_scripted_and_traced_match
 from vision_priors.layers import GoatCrossAttention, PopeCrossAttention
 from vision_priors.models.multimodal import (POSITIONAL_CROSS_ATTENTIONS, SELF_ATTENTIONS, CrossAttentionBlock,
                                              create_cross_block)
@@ -291,18 +291,4 @@ def test_block_torchscript_and_fx_match_eager(self_attn, one_thread):
         block = _block(self_attn, cross_attn, num_prefix_tokens=0)
         grid = [1, 5] if lavo else None
         args = (x, context, None if lavo else coords, grid, None, not lavo, mask, context_coords, coords)
-        with torch.no_grad():
-            ref = block(*args)
-            torch.testing.assert_close(torch.jit.script(block)(*args), ref, rtol=0, atol=1e-12)
-
-        class Tracer(torch.fx.Tracer):
-            def __init__(self):
-                super().__init__(autowrap_functions=tuple(get_notrace_functions()))
-
-            def is_leaf_module(self, m, name):
-                return isinstance(m, tuple(get_notrace_modules())) or super().is_leaf_module(m, name)
-
-        graph = Tracer().trace(block, concrete_args=dict(attn_mask=None, is_causal=not lavo))
-        traced = torch.fx.GraphModule(block, graph)
-        with torch.no_grad():
-            torch.testing.assert_close(traced(*args), ref, rtol=0, atol=1e-12)
+        assert_scripted_and_traced_match(block, args, is_causal=not lavo)

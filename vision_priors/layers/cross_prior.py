@@ -66,19 +66,23 @@ def _check_context(x: Tensor, context: Tensor, context_dim: int) -> None:
         raise ValueError('context must be (B, n, context_dim) with the batch size of x')
 
 
-def _resolve_cross_coords(
+def _check_cross_inputs(
+        x: Tensor,
+        context: Tensor,
+        key_mask: Optional[Tensor],
         coords: Optional[Tensor],
         context_coords: Optional[Tensor],
-        num_queries: int,
-        num_context: int,
+        context_dim: int,
         num_spatial_dims: int,
         num_prefix_tokens: int,
-        batch_size: int,
-        device: torch.device,
         dtype: torch.dtype,
         layer: str,
 ) -> Tuple[Tensor, Tensor]:
-    """Validated (query coords, context coords) in ``dtype``: (N - P, D) / (n, D) shared or (B, ., D) per sample."""
+    """Checks the context shape and ``key_mask`` (the package's key-mask convention); returns the validated
+    (query coords, context coords) in ``dtype``: (N - P, D) / (n, D) shared or (B, ., D) per sample."""
+    _check_context(x, context, context_dim)
+    batch_size, num_queries, num_context, device = x.shape[0], x.shape[1], context.shape[1], x.device
+    check_key_mask(key_mask, batch_size, num_context, 'context_mask', device=device)
     if coords is None or context_coords is None:
         raise ValueError(f'{layer} is positional: it needs coords (the queries\' coordinates) and context_coords '
                          f'(the context tokens\' coordinates)')
@@ -183,12 +187,10 @@ class GoatCrossAttention(nn.Module):
             (B, N, C); ``proj(0)`` for every query of a sample without a valid context token.
         """
         B, N, C = x.shape
-        _check_context(x, context, self.context_dim)
+        coords, context_coords = _check_cross_inputs(
+            x, context, key_mask, coords, context_coords, self.context_dim, self.num_spatial_dims,
+            self.num_prefix_tokens, self.prior.alpha.dtype, 'GoatCrossAttention')
         n = context.shape[1]
-        check_key_mask(key_mask, B, n, 'context_mask', device=x.device)
-        coords, context_coords = _resolve_cross_coords(
-            coords, context_coords, N, n, self.num_spatial_dims, self.num_prefix_tokens, B, x.device,
-            self.prior.alpha.dtype, 'GoatCrossAttention')
         if n == 0:
             return self.proj_drop(self.proj(x.new_zeros(B, N, C)))
         H, dc, dh = self.num_heads, self.content_dim, self.head_dim
@@ -275,12 +277,10 @@ class PopeCrossAttention(nn.Module):
         """x (B, N, C) attends to context (B, n, context_dim); arguments and result as
         :meth:`GoatCrossAttention.forward`."""
         B, N, C = x.shape
-        _check_context(x, context, self.context_dim)
+        coords, context_coords = _check_cross_inputs(
+            x, context, key_mask, coords, context_coords, self.context_dim, self.num_spatial_dims,
+            self.num_prefix_tokens, self.phases.phase_bias_raw.dtype, 'PopeCrossAttention')
         n = context.shape[1]
-        check_key_mask(key_mask, B, n, 'context_mask', device=x.device)
-        coords, context_coords = _resolve_cross_coords(
-            coords, context_coords, N, n, self.num_spatial_dims, self.num_prefix_tokens, B, x.device,
-            self.phases.phase_bias_raw.dtype, 'PopeCrossAttention')
         if n == 0:
             return self.proj_drop(self.proj(x.new_zeros(B, N, C)))
         H, dh = self.num_heads, self.head_dim
