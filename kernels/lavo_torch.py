@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['code_memory', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_2d_torch',
-           'lavo_local_torch', 'lavo_local_windows', 'local_window_2d', 'tile_block_2d', 'window_tile_size']
+__all__ = ['code_memory', 'code_memory_from_sum', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_2d_torch',
+           'lavo_local_torch', 'lavo_local_windows', 'local_window_2d', 'tile_block_2d', 'tile_block_2d_sum',
+           'window_tile_size']
 
 
 def finfo_min(dtype: torch.dtype) -> float:
@@ -154,7 +155,8 @@ def _tiles(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
     nh_t, nw_t = -(-gh // w2), -(-gw // w2)
     ph, pw = nh_t * w2 - gh, nw_t * w2 - gw
     t = t.reshape(b0, b1, gh, gw, c)
-    t = F.pad(t, (0, 0, 0, pw, 0, ph))
+    if ph > 0 or pw > 0:  # (F.pad copies even when it pads nothing)
+        t = F.pad(t, (0, 0, 0, pw, 0, ph))
     t = t.reshape(b0, b1, nh_t, w2, nw_t, w2, c).transpose(3, 4)
     return t.reshape(b0, b1, nh_t * nw_t, w2 * w2, c)
 
@@ -244,6 +246,36 @@ def local_window_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh
     return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
 
 
+def _tile_block_probs(q: Tensor, k: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
+                      rel_bias: Optional[Tensor], scale: float, dropout_p: float) -> Tuple[Tensor, Tensor]:
+    """Attention weights of :func:`tile_block_2d`, (B, H, T, w2^2, w2^2) per ``w2 x w2`` tile, and the tiles'
+    valid patches (B, T, w2^2) (patches outside the grid are invalid)."""
+    b = q.shape[0]
+    kw = 2 * w2 - 1
+    pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
+    tq, tk = _tiles(q, gh, gw, w2), _tiles(k, gh, gw, w2)
+    tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2)
+    tvalid = tvalid.squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2); patches outside the grid are invalid
+    a = torch.arange(w2, device=q.device)
+    yy, xx = torch.meshgrid(a, a, indexing='ij')
+    yy, xx = yy.reshape(-1), xx.reshape(-1)
+    idx = (yy[None, :] - yy[:, None] + w2 - 1) * kw + (xx[None, :] - xx[:, None] + w2 - 1)
+    s = (tq @ tk.transpose(-1, -2)) * scale
+    if rel_bias is not None:
+        s = s + rel_bias[idx]
+    mask = tvalid[:, None, :, None, :]
+    s = s.masked_fill(~mask, finfo_min(s.dtype))
+    return _dropout(s.softmax(dim=-1) * mask.any(dim=-1, keepdim=True), dropout_p), tvalid
+
+
+def _untile(t: Tensor, gh: int, gw: int, w2: int) -> Tensor:
+    """Inverse of :func:`_tiles`: (B, H, T, w2 * w2, c) -> (B, H, gh * gw, c), the grid's patches only."""
+    b, nh, c = t.shape[0], t.shape[1], t.shape[-1]
+    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
+    t = t.reshape(b, nh, nh_t, nw_t, w2, w2, c).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, c)
+    return t[:, :, :gh, :gw].reshape(b, nh, gh * gw, c)
+
+
 def tile_block_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
                   rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0.) -> Tensor:
     """2D context-dissection aggregate (Sec. 3.2 with the bias of Sec. 3.3): patch i attends to the patches
@@ -262,26 +294,20 @@ def tile_block_2d(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: 
     Returns:
         (B, H, gh * gw, d).
     """
-    b, nh, d = q.shape[0], q.shape[1], q.shape[-1]
-    kw = 2 * w2 - 1
-    nh_t, nw_t = -(-gh // w2), -(-gw // w2)
-    pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid
-    tq, tk, tv = _tiles(q, gh, gw, w2), _tiles(k, gh, gw, w2), _tiles(v, gh, gw, w2)
-    tvalid = _tiles(pvalid[:, None, :, None].float(), gh, gw, w2)
-    tvalid = tvalid.squeeze(-1).to(torch.bool)[:, 0]  # (B, T, w2*w2); patches outside the grid are invalid
-    a = torch.arange(w2, device=q.device)
-    yy, xx = torch.meshgrid(a, a, indexing='ij')
-    yy, xx = yy.reshape(-1), xx.reshape(-1)
-    idx = (yy[None, :] - yy[:, None] + w2 - 1) * kw + (xx[None, :] - xx[:, None] + w2 - 1)
-    s = (tq @ tk.transpose(-1, -2)) * scale
-    if rel_bias is not None:
-        s = s + rel_bias[idx]
-    mask = tvalid[:, None, :, None, :]
-    s = s.masked_fill(~mask, finfo_min(s.dtype))
-    p = _dropout(s.softmax(dim=-1) * mask.any(dim=-1, keepdim=True), dropout_p)
-    o = p @ tv  # (B, H, T, w2*w2, d)
-    o = o.reshape(b, nh, nh_t, nw_t, w2, w2, d).transpose(3, 4).reshape(b, nh, nh_t * w2, nw_t * w2, d)
-    return o[:, :, :gh, :gw].reshape(b, nh, gh * gw, d)
+    p, _ = _tile_block_probs(q, k, valid, gh, gw, w2, rel_bias, scale, dropout_p)
+    return _untile(p @ _tiles(v, gh, gw, w2), gh, gw, w2)
+
+
+def tile_block_2d_sum(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], gh: int, gw: int, w2: int,
+                      rel_bias: Optional[Tensor], scale: float, dropout_p: float = 0.) -> Tensor:
+    """``sum_i z_i`` over the valid patches i of :func:`tile_block_2d`'s aggregates z, (B, H, 1, d), without
+    forming z: ``sum_i sum_j p_ij v_j = sum_j (sum_i p_ij) v_j`` (what the non-causal CODE mean of Eq. 3 needs).
+    Arguments as :func:`tile_block_2d`."""
+    b, nh = q.shape[0], q.shape[1]
+    p, tvalid = _tile_block_probs(q, k, valid, gh, gw, w2, rel_bias, scale, dropout_p)
+    col = tvalid[:, None, :, None, :].to(p.dtype) @ p  # (B, H, T, 1, w2^2): weight of each key, valid queries
+    col = _untile(col.transpose(-1, -2), gh, gw, w2)  # (B, H, gh * gw, 1)
+    return col.transpose(-1, -2) @ v
 
 
 def lavo_local_2d_torch(q: Tensor, k: Tensor, v: Tensor, rel_bias: Optional[Tensor], scale: float,
@@ -309,20 +335,31 @@ def code_memory(z: Tensor, basis: Tensor, key_mask: Optional[Tensor], causal: bo
             A prefix (or a sequence) without a valid token has H = 0.
     """
     length = z.shape[2]
+    if not causal:  # mean first: (1/n) sum_t B z_t = B z_bar, one (r x d) product per head
+        if key_mask is None:
+            z_sum = z.sum(dim=2, keepdim=True)
+            count = torch.full((1,), max(length, 1), dtype=z.dtype, device=z.device)
+        else:
+            mask_row = key_mask[:, None, None, :].to(z.dtype)  # (B, 1, 1, L)
+            z_sum = mask_row @ z
+            count = mask_row.sum(dim=-1, keepdim=True).clamp(min=1)
+        return code_memory_from_sum(z_sum, count, basis)
     proj = z @ basis.transpose(-1, -2)  # B z_t, (B, heads, L, r)
     m: Optional[Tensor] = None
     if key_mask is not None:
         m = key_mask[:, None, :, None].to(proj.dtype)
         proj = proj * m
-    if causal:
-        if m is None:
-            cnt = torch.arange(1, length + 1, device=z.device, dtype=proj.dtype)[:, None]
-        else:
-            cnt = m.cumsum(dim=2).clamp(min=1)
-        return proj.cumsum(dim=2) / cnt
     if m is None:
-        return proj.sum(dim=2, keepdim=True) / max(length, 1)
-    return proj.sum(dim=2, keepdim=True) / m.sum(dim=2, keepdim=True).clamp(min=1)
+        cnt = torch.arange(1, length + 1, device=z.device, dtype=proj.dtype)[:, None]
+    else:
+        cnt = m.cumsum(dim=2).clamp(min=1)
+    return proj.cumsum(dim=2) / cnt
+
+
+def code_memory_from_sum(z_sum: Tensor, count: Tensor, basis: Tensor) -> Tensor:
+    """Non-causal CODE coefficients ``H = B (z_sum / count)`` (Eq. 3), (B, heads, 1, r), from the sum of the
+    compressed features over the valid tokens (B, heads, 1, d) and their number (broadcastable, >= 1)."""
+    return (z_sum / count) @ basis.transpose(-1, -2)
 
 
 def code_slot_probs(q: Tensor, h: Tensor, basis: Tensor, scale: float) -> Tensor:
@@ -341,6 +378,10 @@ def code_read(q: Tensor, h: Tensor, basis: Tensor, scale: float, dropout_p: floa
         scale: Logit scale.
         dropout_p: Dropout on the slot weights.
     """
+    if h.shape[-2] == 1 and q.shape[-2] > 1:
+        # one memory for every query: the r slots diag(H) B are keys and values of one SDPA call
+        slots = h.transpose(-1, -2) * basis  # (B, heads, r, d)
+        return F.scaled_dot_product_attention(q, slots, slots, dropout_p=dropout_p, scale=scale)
     p = _dropout(code_slot_probs(q, h, basis, scale), dropout_p)
     return (p * h) @ basis
 

@@ -272,18 +272,23 @@ def test_noncausal_1d_matches_reference(kw):
         torch.testing.assert_close(m(x, key_mask=mask), ref_noncausal(m, x, valid=mask), atol=FWD_TOL, rtol=0)
 
 
+@pytest.mark.parametrize('grid,n_pre', [((4, 5), 1), ((4, 6), 0), ((6, 4), 2)])
 @pytest.mark.parametrize('dissection', ['block', 'sliding'])
-def test_noncausal_2d_matches_reference(dissection):
+def test_noncausal_2d_matches_reference(dissection, grid, n_pre):
+    """Float64 forward and backward against the per-token reference, with and without a key mask: grids that
+    are and are not whole 2 x 2 tiles, 0-2 prefix tokens ('block' forms H from the tiles' summed aggregates)."""
     m = _make(causal=False, window=3, window_2d=2, dissection=dissection)
-    grid, n_pre = (4, 5), 1
-    x = torch.randn(2, n_pre + 20, DIM, dtype=DT)
+    x = torch.randn(2, n_pre + grid[0] * grid[1], DIM, dtype=DT)
     mask = torch.ones(2, x.shape[1], dtype=torch.bool)
-    mask[1, [1, 2, 6, 7]] = False  # patch tile (0, 0) and the 3x3 neighbourhood of patch (0, 0) all invalid
+    gw = grid[1]
+    # sample 1: patch tile (0, 0) and the 3x3 neighbourhood of patch (0, 0) all invalid; the last prefix too
+    mask[1, [n_pre, n_pre + 1, n_pre + gw, n_pre + gw + 1]] = False
+    if n_pre:
+        mask[1, n_pre - 1] = False
     fn = lambda t: m(t, grid_size=grid, num_prefix_tokens=n_pre)
     _assert_matches_reference(m, fn, lambda t: ref_noncausal(m, t, grid=grid, n_pre=n_pre), x)
-    with torch.no_grad():
-        torch.testing.assert_close(m(x, key_mask=mask, grid_size=grid, num_prefix_tokens=n_pre),
-                                   ref_noncausal(m, x, valid=mask, grid=grid, n_pre=n_pre), atol=FWD_TOL, rtol=0)
+    fn_masked = lambda t: m(t, key_mask=mask, grid_size=grid, num_prefix_tokens=n_pre)
+    _assert_matches_reference(m, fn_masked, lambda t: ref_noncausal(m, t, valid=mask, grid=grid, n_pre=n_pre), x)
 
 
 def test_window_larger_than_sequence():
@@ -723,7 +728,7 @@ def test_dense_window_path_matches_reference_with_prefix_tokens():
                                    m.rel_bias_2d, m.scale)
         return torch.cat([pre, patches], dim=2)
 
-    y = m._local_2d(q, k, v, None, (gh, gw), n_pre, False)
+    y = m._local_2d(q, k, v, None, (gh, gw), n_pre)
     y_ref = reference(q, k, v)
     grads = torch.autograd.grad((y * g).sum(), params)
     grads_ref = torch.autograd.grad((y_ref * g).sum(), params)
@@ -731,3 +736,55 @@ def test_dense_window_path_matches_reference_with_prefix_tokens():
     for a, r in zip(grads, grads_ref):
         torch.testing.assert_close(a, r, atol=1e-11, rtol=0)
     assert grads[3].abs().max() > 1e-3
+
+
+# ----- exact rewrites of the non-causal fast path (kernels/lavo_torch.py) -----
+
+def test_shared_memory_read_is_one_sdpa_call_equal_to_the_slot_form():
+    """``code_read`` with one memory for every query (non-causal, cross-attention) runs SDPA over the r slots
+    ``diag(H) B``; float64, odd shapes: equal to the explicit ``softmax((q B^T) H) (H B)`` form, values and
+    gradients to 1e-12, including a zero memory (uniform weights over zero slots: output 0)."""
+    from vision_priors.kernels.lavo_torch import code_read, code_slot_probs
+    torch.manual_seed(5)
+    q = torch.randn(3, 2, 7, 5, dtype=DT, requires_grad=True)
+    h = torch.randn(3, 2, 1, 4, dtype=DT, requires_grad=True)
+    basis = torch.linalg.qr(torch.randn(2, 5, 4, dtype=DT))[0].transpose(-1, -2).contiguous()
+    with torch.no_grad():
+        h[1] = 0.
+    out = code_read(q, h, basis, 0.37)
+    explicit = (code_slot_probs(q, h, basis, 0.37) * h) @ basis
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), (q, h))
+    grads_ref = torch.autograd.grad((explicit * g).sum(), (q, h))
+    torch.testing.assert_close(out, explicit, atol=1e-12, rtol=0)
+    assert out[1].abs().max() == 0
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('grid,masked', [((5, 7), True), ((4, 6), False), ((1, 3), True)])
+def test_tile_block_sum_equals_the_summed_aggregates(grid, masked):
+    """``tile_block_2d_sum`` = sum over valid patches of ``tile_block_2d``'s outputs (never formed), float64,
+    forward and gradients, grids with and without partial tiles, an all-masked tile included."""
+    from vision_priors.kernels.lavo_torch import tile_block_2d, tile_block_2d_sum
+    torch.manual_seed(6)
+    gh, gw = grid
+    n, w2 = gh * gw, 2
+    q, k, v = (torch.randn(2, 3, n, 5, dtype=DT, requires_grad=True) for _ in range(3))
+    bias = torch.randn((2 * w2 - 1) ** 2, dtype=DT, requires_grad=True)
+    valid = None
+    if masked:
+        valid = torch.rand(2, n) > 0.3
+        valid[1, :2] = False
+        if gh > 1:
+            valid[1, gw:gw + 2] = False  # tile (0, 0) of sample 1 has no valid patch
+    total = tile_block_2d_sum(q, k, v, valid, gh, gw, w2, bias, 0.45)
+    z = tile_block_2d(q, k, v, valid, gh, gw, w2, bias, 0.45)
+    weight = torch.ones(2, n, dtype=DT) if valid is None else valid.to(DT)
+    ref = (z * weight[:, None, :, None]).sum(dim=2, keepdim=True)
+    g = torch.randn_like(total)
+    grads = torch.autograd.grad((total * g).sum(), (q, k, v, bias))
+    grads_ref = torch.autograd.grad((ref * g).sum(), (q, k, v, bias))
+    torch.testing.assert_close(total, ref, atol=1e-12, rtol=0)
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, atol=1e-12, rtol=0)

@@ -52,9 +52,10 @@ from torch import Tensor
 from torch.nn.utils.parametrizations import orthogonal
 
 from vision_priors.kernels._backend import check_key_mask
-from vision_priors.kernels.lavo_torch import code_memory, code_read as _code_read, code_slot_probs, finfo_min
+from vision_priors.kernels.lavo_torch import code_memory, code_memory_from_sum, code_read as _code_read
+from vision_priors.kernels.lavo_torch import code_slot_probs, finfo_min
 from vision_priors.kernels.lavo_torch import lavo_local_windows
-from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d, window_tile_size
+from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d_sum, window_tile_size
 
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
@@ -334,40 +335,36 @@ class LavoAttention(nn.Module):
 
     def _local_2d(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
-            block: bool,
     ) -> Tensor:
-        """Prefix tokens attend among themselves; patches to their 2D neighbourhood or ``w2 x w2`` tile."""
-        b = q.shape[0]
+        """Local branch on a grid input: prefix tokens attend among themselves, patches to their 2D neighbourhood."""
         gh, gw = grid
         w2 = self.window_2d
         bias = self.rel_bias_2d if self.use_epe else None
-        if not block and valid is None and dense_window_is_cheaper(gh, gw, w2):
+        if valid is None and dense_window_is_cheaper(gh, gw, w2):
             # small grid: one fused (L x L) masked attention, prefix tokens included (same result)
             mask = dense_window_mask(gh, gw, w2, n_pre, bias, q.dtype, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self._drop_p(), scale=self.scale)
         outs: List[Tensor] = []
         if n_pre > 0:
             outs.append(self._prefix_local(q, k, v, valid, n_pre))
-        pq, pk, pvv = q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:]
-        pvalid = torch.ones(b, gh * gw, dtype=torch.bool, device=q.device) if valid is None else valid[:, n_pre:]
-        if block:  # non-overlapping w2 x w2 tiles; offsets inside a tile are within the (2 w2 - 1)^2 table
-            outs.append(tile_block_2d(pq, pk, pvv, pvalid, gh, gw, w2, bias, self.scale, self._drop_p()))
-        else:
-            outs.append(local_window_2d(pq, pk, pvv, None if valid is None else pvalid, gh, gw, w2, bias,
-                                        self.scale, self._drop_p()))
+        pvalid = None if valid is None else valid[:, n_pre:]
+        outs.append(local_window_2d(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], pvalid, gh, gw, w2, bias,
+                                    self.scale, self._drop_p()))
         return torch.cat(outs, dim=2)
 
     def _branches(
             self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor],
-            grid: Optional[Tuple[int, int]], n_pre: int,
+            grid: Optional[Tuple[int, int]], n_pre: int, basis: Tensor,
     ) -> Tuple[Optional[Tensor], Tensor]:
-        """Returns (F_local or None, z): the local output and the features compressed by CODE."""
+        """Returns (F_local or None, H): the local output and the CODE coefficients of the compressed features."""
         need_block = self.context_dissection and self.dissection == 'block'
         if grid is None:
             f_local, f_block = self._local_1d(q, k, v, valid, self.use_local, need_block)
         else:
-            f_local = self._local_2d(q, k, v, valid, grid, n_pre, False) if self.use_local else None
-            f_block = self._local_2d(q, k, v, valid, grid, n_pre, True) if need_block else None
+            f_local = self._local_2d(q, k, v, valid, grid, n_pre) if self.use_local else None
+            if need_block:  # a grid is non-causal: H needs only the sum of the tile aggregates
+                return f_local, self._block_memory_2d(q, k, v, valid, grid, n_pre, basis)
+            f_block = None
         if not self.context_dissection:
             z = v
         elif self.dissection == 'sliding':
@@ -376,7 +373,29 @@ class LavoAttention(nn.Module):
         else:
             assert f_block is not None
             z = f_block
-        return f_local, z
+        return f_local, code_memory(z, basis, valid, self.causal)  # Eq. 4 (causal) or Eq. 3
+
+    def _block_memory_2d(
+            self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], grid: Tuple[int, int], n_pre: int,
+            basis: Tensor,
+    ) -> Tensor:
+        """H of Eq. 3 over the block-dissection aggregates of a grid input (the prefix tokens' own local
+        outputs and the patches' ``w2 x w2`` tile outputs), from their sum (:func:`tile_block_2d_sum`)."""
+        gh, gw = grid
+        bias = self.rel_bias_2d if self.use_epe else None
+        pvalid = None if valid is None else valid[:, n_pre:]
+        z_sum = tile_block_2d_sum(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], pvalid, gh, gw,
+                                  self.window_2d, bias, self.scale, self._drop_p())
+        if n_pre > 0:
+            z_pre = self._prefix_local(q, k, v, valid, n_pre)
+            if valid is not None:
+                z_pre = z_pre * valid[:, None, :n_pre, None].to(z_pre.dtype)
+            z_sum = z_sum + z_pre.sum(dim=2, keepdim=True)
+        if valid is None:
+            count = torch.full((1,), n_pre + gh * gw, dtype=q.dtype, device=q.device)
+        else:
+            count = valid.sum(dim=1).to(q.dtype).clamp(min=1)[:, None, None, None]
+        return code_memory_from_sum(z_sum, count, basis)
 
     @torch.jit.unused
     def _kernel_branches(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> Tensor:
@@ -421,7 +440,7 @@ class LavoAttention(nn.Module):
         return self._combine(f_local, f_global)
 
     def _combine(self, f_local: Optional[Tensor], f_global: Tensor) -> Tensor:
-        return f_global if f_local is None else 0.5 * (f_local + f_global)
+        return f_global if f_local is None else torch.lerp(f_local, f_global, 0.5)  # (F_local + F_global) / 2, one pass
 
     def forward(
             self,
@@ -458,9 +477,8 @@ class LavoAttention(nn.Module):
             if grid is None:
                 return self._out(self._kernel_branches(q, k, v, valid))
             return self._out(self._kernel_branches_2d(q, k, v, valid, grid, num_prefix_tokens))
-        f_local, z = self._branches(q, k, v, valid, grid, num_prefix_tokens)
         basis = self.basis()
-        h = code_memory(z, basis, valid, self.causal)  # Eq. 4 (causal) or Eq. 3 over the whole sequence
+        f_local, h = self._branches(q, k, v, valid, grid, num_prefix_tokens, basis)
         f_global = self._read(q, h, basis)
         return self._out(self._combine(f_local, f_global))
 
@@ -566,9 +584,8 @@ class LavoAttention(nn.Module):
         if length < 1:
             raise ValueError('prefill needs at least one token')
         q, k, v = self._qkv(x)
-        f_local, z = self._branches(q, k, v, None, None, 0)
         basis = self.basis()
-        h = code_memory(z, basis, None, True)
+        f_local, h = self._branches(q, k, v, None, None, 0, basis)
         y = self._out(self._combine(f_local, self._read(q, h, basis)))
         w = self.window
         pad = max(0, w - length)
