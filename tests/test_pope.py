@@ -348,23 +348,32 @@ def test_pinned_isa_setting_is_checked(monkeypatch):
     assert pope_cpu.compiled_op_isa() is None and not pope_module.use_compiled_cpu_op(torch.float32)
 
 
-def test_softplus_magnitude_equals_softplus_forward_and_backward():
-    """The training path's softplus (gradient as grad * sigmoid(x)) against ``F.softplus`` in float64: same
-    values, same first and second derivatives, including large |x| where F.softplus switches to x."""
+@pytest.mark.parametrize('table_shape', [(3, 5, 2, 4), (1, 5, 2, 4), (2, 3, 5, 2, 4)])
+def test_magnitude_features_equal_softplus_times_table(table_shape):
+    """The training path's fused features (backward without the (..., 2, d) products) against
+    ``pope_features(F.softplus(x), table)`` in float64: values to 1e-15, first derivatives in x and in a table
+    shared by the batch, by the heads or per sample, second derivatives; large |x| included (F.softplus switches
+    to x past 20, where its gradient is exactly 1)."""
     import torch.nn.functional as F
-    from vision_priors.layers.pope import softplus_magnitude
-    x = torch.cat([torch.randn(37, dtype=torch.float64) * 4, torch.tensor([-40., -20.5, 0., 19.9, 20.1, 45.],
-                                                                          dtype=torch.float64)]).requires_grad_()
-    y, ref = softplus_magnitude(x), F.softplus(x)
-    assert y.grad_fn is not None and 'Softplus' in type(y.grad_fn).__name__
-    g = torch.randn_like(x)
-    (gx,) = torch.autograd.grad(y, x, g, create_graph=True)
-    (gr,) = torch.autograd.grad(ref, x, g, create_graph=True)
+    from vision_priors.layers.pope import magnitude_features, pope_features
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64) * 4
+    x[0, 0, 0] = torch.tensor([-40., -20.5, 19.9, 45.], dtype=torch.float64)
+    x.requires_grad_()
+    table = torch.randn(*table_shape, dtype=torch.float64, requires_grad=True)
+    y, ref = magnitude_features(x, table), pope_features(F.softplus(x), table)
+    assert y.shape == ref.shape == (2, 3, 5, 8) and 'MagnitudeFeatures' in type(y.grad_fn).__name__
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, table), g)
+    grads_ref = torch.autograd.grad(ref, (x, table), g)
     torch.testing.assert_close(y, ref, rtol=0, atol=1e-15)
-    torch.testing.assert_close(gx, gr, rtol=0, atol=1e-8)  # F.softplus's gradient is exactly 1 past x = 20
-    assert torch.autograd.gradcheck(softplus_magnitude, (x,)) and torch.autograd.gradgradcheck(softplus_magnitude, (x,))
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-8)
+    small = (x.detach()[:, :1, :2, :2].clone().requires_grad_(), table.detach()[..., :2, :, :2].clone().requires_grad_())
+    assert torch.autograd.gradcheck(magnitude_features, small)
+    assert torch.autograd.gradgradcheck(magnitude_features, small)
     with torch.no_grad():
-        assert softplus_magnitude(x).grad_fn is None
+        assert magnitude_features(x, table).grad_fn is None
 
 
 def test_dense_cpu_training_only_at_short_lengths(monkeypatch):

@@ -44,7 +44,7 @@ from vision_priors.kernels._backend import check_key_mask
 from .coords import resolve_token_coords
 from .goat import GoatPrior, goat_head_dims
 from .kernel_dispatch import key_mask_to_attn_mask
-from .pope import PopePhases, phase_table, pope_features, softplus_magnitude
+from .pope import PopePhases, magnitude_features, phase_table, pope_features
 
 # leaf call under torch.fx symbolic tracing: it runs on concrete values, checks included
 torch.fx.wrap('resolve_token_coords')
@@ -296,12 +296,11 @@ class PopeCrossAttention(nn.Module):
             q_phase = torch.cat([pre, q_phase], dim=-2)  # prefix queries: phase 0
         q_table = phase_table(q_phase, self.scale).to(q.dtype)
         k_table = phase_table(k_phase).to(k.dtype)
+        # (B, H, N, 2d) with the scale folded in, and (B, H, n, 2d)
         if torch.jit.is_scripting():
-            q, k = F.softplus(q), F.softplus(k)
+            q, k = pope_features(F.softplus(q), q_table), pope_features(F.softplus(k), k_table)
         else:
-            q, k = softplus_magnitude(q), softplus_magnitude(k)
-        q = pope_features(q, q_table)  # (B, H, N, 2d), the scale folded in
-        k = pope_features(k, k_table)  # (B, H, n, 2d)
+            q, k = magnitude_features(q, q_table), magnitude_features(k, k_table)
         attn_mask, _, has_key = key_mask_to_attn_mask(key_mask, None, False, N)
         # SDPA's fused kernels need equal q / k / v widths: v repeated to 2d, the first d outputs kept
         out = F.scaled_dot_product_attention(q, k, torch.cat([v, v], dim=-1), attn_mask=attn_mask, scale=1.0,

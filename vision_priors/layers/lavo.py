@@ -11,8 +11,11 @@ locally aggregated features (context dissection, CD) and averages
 ``F_t = (F_local,t + F_global,t) / 2``. Causal: ``H_t = H_{t-1} + (B z_t - H_{t-1}) / t``.
 Cross-attention (Sec. 3.4, Eqs. 5-6) compresses the source once and has no local branch.
 
-Fast evaluation never materialises the slots: ``q . (H_i b_i) = H_i (q . b_i)`` and
-``sum_i p_i H_i b_i = (p * H) B``, so a read costs ``O(r d)`` per query.
+Fast evaluation: a causal read never materialises the per-query slots (``q . (H_i b_i) = H_i (q . b_i)`` and
+``sum_i p_i H_i b_i = (p * H) B``), so it costs ``O(r d)`` per query; a non-causal memory is shared by every
+query, so its ``r`` slots (r x d per head) are the keys and values of one SDPA call. The non-causal mean is
+taken first, ``H = B mean_t(z_t)``, and with block dissection on a grid only the sum of the tile aggregates is
+formed: ``sum_i sum_j p_ij v_j = sum_j (sum_i p_ij) v_j`` (exact rewrites, tested in float64).
 
 Choices where the paper is silent (all configurable):
     * CODE runs per head on ``head_dim`` features with one basis per head, so ``num_slots <= head_dim``.

@@ -182,28 +182,47 @@ def softplus_into(x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
     return out.add_(scratch)
 
 
-class _Softplus(torch.autograd.Function):
-    """softplus(x) with the gradient written as ``grad * sigmoid(x)``, the exact derivative (twice differentiable
-    through torch ops). The same forward as ``F.softplus``; its backward runs one vectorised sigmoid, where
-    ATen's ``softplus_backward`` took 2x the time on CPU (a PoPE training step calls it twice per layer)."""
+def softplus_composite(x: Tensor) -> Tensor:
+    """softplus(x) = max(x, 0) + log(1 + exp(-|x|)) with vectorised ops (ATen's ``log1p`` behind ``F.softplus`` is
+    not vectorised on CPU); overflow-free, within one unit in the last place of 1 of ``F.softplus``."""
+    return torch.clamp_min(x, 0.0) + torch.exp(-x.abs()).add_(1.0).log_()
+
+
+class _MagnitudeFeatures(torch.autograd.Function):
+    """``softplus(x)[..., None, :] * table`` flattened to width 2d (Eqs. 3-4, 10), with a backward that never forms
+    the (..., 2, d) products: ``d/dx = (g_cos table_cos + g_sin table_sin) sigmoid(x)`` (sigmoid is softplus's exact
+    derivative) and ``d/dtable = g * softplus(x)`` summed to the table's shape. Twice differentiable (the backward
+    is written in differentiable torch ops)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
-        return F.softplus(x)
+    def forward(ctx, x: Tensor, table: Tensor) -> Tensor:  # type: ignore[override]
+        magnitude = softplus_composite(x)
+        ctx.save_for_backward(x, magnitude, table)
+        return (magnitude.unsqueeze(-2) * table).flatten(-2)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        x, = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    def backward(ctx, grad: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:  # type: ignore[override]
+        x, magnitude, table = ctx.saved_tensors
+        grad = grad.unflatten(-1, (2, x.shape[-1]))
+        grad_x = grad_table = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.addcmul(grad[..., 0, :] * table[..., 0, :], grad[..., 1, :], table[..., 1, :])
+            grad_x = grad_x * torch.sigmoid(x)
+        if ctx.needs_input_grad[1]:
+            if torch.is_grad_enabled():  # double backward: the saved magnitude is not connected to x
+                magnitude = F.softplus(x)
+            grad_table = (grad * magnitude.unsqueeze(-2)).sum_to_size(table.shape)
+        return grad_x, grad_table
 
 
 @torch.jit.unused
-def softplus_magnitude(x: Tensor) -> Tensor:
-    """PoPE's magnitudes softplus(x) (Eqs. 3-4) for the autograd paths; ``F.softplus`` under tracing / compiling."""
-    if tracing_or_compiling() or not (x.requires_grad and torch.is_grad_enabled()):
-        return F.softplus(x)
-    return _Softplus.apply(x)
+def magnitude_features(x: Tensor, table: Tensor) -> Tensor:
+    """PoPE's real features ``softplus(x) [cos, sin]`` of width 2d (Eqs. 3-4, 10) from the raw q or k (B, H, N, d) and
+    a phase table (..., N, 2, d) (:func:`phase_table`); the fused autograd form when a gradient is needed (outside
+    fx tracing and torch.compile), ``pope_features(F.softplus(x), table)`` otherwise."""
+    if tracing_or_compiling() or not (torch.is_grad_enabled() and (x.requires_grad or table.requires_grad)):
+        return pope_features(F.softplus(x), table)
+    return _MagnitudeFeatures.apply(x, table)
 
 
 @torch.jit.unused
@@ -407,11 +426,9 @@ class PopeAttention(nn.Module):
             out = cpu_inference_attention(q, k, v, q_table, k_table, self.kernel_backend)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
         if torch.jit.is_scripting():
-            q, k = F.softplus(q), F.softplus(k)
+            q, k = pope_features(F.softplus(q), q_table), pope_features(F.softplus(k), k_table)
         else:
-            q, k = softplus_magnitude(q), softplus_magnitude(k)
-        q = pope_features(q, q_table)
-        k = pope_features(k, k_table)
+            q, k = magnitude_features(q, q_table), magnitude_features(k, k_table)
         attn_mask, is_causal, has_key = key_mask_to_attn_mask(key_mask, attn_mask, is_causal, N)
 
         if return_attn or not self.fused_attn or (not torch.jit.is_scripting() and use_dense_cpu_training(x, N)):
