@@ -396,3 +396,21 @@ def test_dense_cpu_training_only_at_short_lengths(monkeypatch):
         grads.append((out.detach(),) + torch.autograd.grad(out.square().sum(), [x, *layer.parameters()]))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_softmax_attention_equals_autograd_composition():
+    """The CPU training path's attention with its written-out backward against ``softmax(q k^T) v`` under autograd,
+    float64, odd shapes (q / k width 2d = 10, v width 5): values and the gradients of q, k and v to 1e-12."""
+    from vision_priors.layers.pope import dense_softmax_attention
+    torch.manual_seed(4)
+    q, k = (torch.randn(2, 3, 7, 10, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(2, 3, 7, 5, dtype=torch.float64, requires_grad=True)
+    out = dense_softmax_attention(q, k, v)
+    ref = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(dense_softmax_attention, (q[:1, :1, :4, :4], k[:1, :1, :4, :4], v[:1, :1, :4]))

@@ -182,12 +182,6 @@ def softplus_into(x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
     return out.add_(scratch)
 
 
-def softplus_composite(x: Tensor) -> Tensor:
-    """softplus(x) = max(x, 0) + log(1 + exp(-|x|)) with vectorised ops (ATen's ``log1p`` behind ``F.softplus`` is
-    not vectorised on CPU); overflow-free, within one unit in the last place of 1 of ``F.softplus``."""
-    return torch.clamp_min(x, 0.0) + torch.exp(-x.abs()).add_(1.0).log_()
-
-
 class _MagnitudeFeatures(torch.autograd.Function):
     """``softplus(x)[..., None, :] * table`` flattened to width 2d (Eqs. 3-4, 10), with a backward that never forms
     the (..., 2, d) products: ``d/dx = (g_cos table_cos + g_sin table_sin) sigmoid(x)`` (sigmoid is softplus's exact
@@ -196,7 +190,7 @@ class _MagnitudeFeatures(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, table: Tensor) -> Tensor:  # type: ignore[override]
-        magnitude = softplus_composite(x)
+        magnitude = F.softplus(x)
         ctx.save_for_backward(x, magnitude, table)
         return (magnitude.unsqueeze(-2) * table).flatten(-2)
 
@@ -209,10 +203,42 @@ class _MagnitudeFeatures(torch.autograd.Function):
             grad_x = torch.addcmul(grad[..., 0, :] * table[..., 0, :], grad[..., 1, :], table[..., 1, :])
             grad_x = grad_x * torch.sigmoid(x)
         if ctx.needs_input_grad[1]:
+            weight = magnitude.unsqueeze(-2)
             if torch.is_grad_enabled():  # double backward: the saved magnitude is not connected to x
-                magnitude = F.softplus(x)
-            grad_table = (grad * magnitude.unsqueeze(-2)).sum_to_size(table.shape)
+                grad_table = (grad * F.softplus(x).unsqueeze(-2)).sum_to_size(table.shape)
+            elif tuple(table.shape) == tuple(grad.shape[1:]):  # one table for the batch: sum sample by sample
+                grad_table = grad[0] * weight[0]
+                for b in range(1, grad.shape[0]):
+                    grad_table.addcmul_(grad[b], weight[b])
+            else:
+                grad_table = (grad * weight).sum_to_size(table.shape)
         return grad_x, grad_table
+
+
+class _DenseSoftmaxAttention(torch.autograd.Function):
+    """``softmax(q k^T) v`` (the logit scale folded into q) with its backward written out in the layouts the next
+    ops read: ``dv = P^T g``, ``dS = P (dP - rowsum(P dP))`` for ``dP = g v^T`` (one fused softmax backward), then
+    ``dq = dS k`` and ``dk = dS^T q`` directly (autograd forms d(k^T) and copies its transpose). Once differentiable."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # type: ignore[override]
+        probs = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        ctx.save_for_backward(q, k, v, probs)
+        return probs @ v
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> Tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        q, k, v, probs = ctx.saved_tensors
+        grad_v = probs.transpose(-2, -1) @ grad
+        grad_s = torch._softmax_backward_data(grad @ v.transpose(-2, -1), probs, -1, probs.dtype)
+        return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v
+
+
+@torch.jit.unused
+def dense_softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``softmax(q k^T) v`` for the CPU training path (no mask, no dropout): :class:`_DenseSoftmaxAttention`."""
+    return _DenseSoftmaxAttention.apply(q, k, v)
 
 
 @torch.jit.unused
@@ -431,7 +457,12 @@ class PopeAttention(nn.Module):
             q, k = magnitude_features(q, q_table), magnitude_features(k, k_table)
         attn_mask, is_causal, has_key = key_mask_to_attn_mask(key_mask, attn_mask, is_causal, N)
 
-        if return_attn or not self.fused_attn or (not torch.jit.is_scripting() and use_dense_cpu_training(x, N)):
+        dense_cpu_training = not torch.jit.is_scripting() and use_dense_cpu_training(x, N)
+        plain = attn_mask is None and has_key is None and not is_causal and not (self.training and self.attn_drop.p > 0)
+        if dense_cpu_training and plain and not return_attn and self.fused_attn:
+            out = dense_softmax_attention(q, k, v)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+        if return_attn or not self.fused_attn or dense_cpu_training:
             logits = q @ k.transpose(-2, -1)
             bias = resolve_self_attn_mask(N, logits, attn_mask, is_causal)
             if bias is not None:
