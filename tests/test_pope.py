@@ -369,7 +369,8 @@ def test_magnitude_features_equal_softplus_times_table(table_shape):
     torch.testing.assert_close(y, ref, rtol=0, atol=1e-15)
     for a, r in zip(grads, grads_ref):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-8)
-    small = (x.detach()[:, :1, :2, :2].clone().requires_grad_(), table.detach()[..., :2, :, :2].clone().requires_grad_())
+    small = (x.detach()[:, :1, :2, :2].clone().requires_grad_(),
+             table.detach()[..., :2, :, :2].clone().requires_grad_())
     assert torch.autograd.gradcheck(magnitude_features, small)
     assert torch.autograd.gradgradcheck(magnitude_features, small)
     with torch.no_grad():
