@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['code_memory', 'code_memory_from_sum', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch', 'lavo_local_2d_torch',
-           'lavo_local_torch', 'lavo_local_windows', 'local_window_2d', 'tile_block_2d', 'tile_block_2d_sum',
-           'window_tile_size']
+__all__ = ['code_memory', 'code_memory_from_sum', 'code_read', 'code_slot_probs', 'finfo_min', 'lavo_global_torch',
+           'lavo_local_2d_torch', 'lavo_local_torch', 'lavo_local_windows', 'local_window_2d', 'tile_block_2d',
+           'tile_block_2d_sum', 'valid_count', 'window_tile_size']
 
 
 def finfo_min(dtype: torch.dtype) -> float:
@@ -303,7 +303,6 @@ def tile_block_2d_sum(q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor], 
     """``sum_i z_i`` over the valid patches i of :func:`tile_block_2d`'s aggregates z, (B, H, 1, d), without
     forming z: ``sum_i sum_j p_ij v_j = sum_j (sum_i p_ij) v_j`` (what the non-causal CODE mean of Eq. 3 needs).
     Arguments as :func:`tile_block_2d`."""
-    b, nh = q.shape[0], q.shape[1]
     p, tvalid = _tile_block_probs(q, k, valid, gh, gw, w2, rel_bias, scale, dropout_p)
     col = tvalid[:, None, :, None, :].to(p.dtype) @ p  # (B, H, T, 1, w2^2): weight of each key, valid queries
     col = _untile(col.transpose(-1, -2), gh, gw, w2)  # (B, H, gh * gw, 1)
@@ -338,12 +337,9 @@ def code_memory(z: Tensor, basis: Tensor, key_mask: Optional[Tensor], causal: bo
     if not causal:  # mean first: (1/n) sum_t B z_t = B z_bar, one (r x d) product per head
         if key_mask is None:
             z_sum = z.sum(dim=2, keepdim=True)
-            count = torch.full((1,), max(length, 1), dtype=z.dtype, device=z.device)
         else:
-            mask_row = key_mask[:, None, None, :].to(z.dtype)  # (B, 1, 1, L)
-            z_sum = mask_row @ z
-            count = mask_row.sum(dim=-1, keepdim=True).clamp(min=1)
-        return code_memory_from_sum(z_sum, count, basis)
+            z_sum = key_mask[:, None, None, :].to(z.dtype) @ z  # (B, 1, 1, L) @ (B, heads, L, d)
+        return code_memory_from_sum(z_sum, valid_count(key_mask, length, z.dtype, z.device), basis)
     proj = z @ basis.transpose(-1, -2)  # B z_t, (B, heads, L, r)
     m: Optional[Tensor] = None
     if key_mask is not None:
@@ -354,6 +350,14 @@ def code_memory(z: Tensor, basis: Tensor, key_mask: Optional[Tensor], causal: bo
     else:
         cnt = m.cumsum(dim=2).clamp(min=1)
     return proj.cumsum(dim=2) / cnt
+
+
+def valid_count(key_mask: Optional[Tensor], length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Number of valid tokens, at least 1 (a count of 0 divides a zero sum): (1,) without a mask, else (B, 1, 1, 1)
+    from the (B, L) bool ``key_mask``."""
+    if key_mask is None:
+        return torch.full((1,), max(length, 1), dtype=dtype, device=device)
+    return key_mask.sum(dim=1).to(dtype).clamp(min=1)[:, None, None, None]
 
 
 def code_memory_from_sum(z_sum: Tensor, count: Tensor, basis: Tensor) -> Tensor:

@@ -58,7 +58,7 @@ from vision_priors.kernels._backend import check_key_mask
 from vision_priors.kernels.lavo_torch import code_memory, code_memory_from_sum, code_read as _code_read
 from vision_priors.kernels.lavo_torch import code_slot_probs, finfo_min
 from vision_priors.kernels.lavo_torch import lavo_local_windows
-from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d_sum, window_tile_size
+from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d_sum, valid_count, window_tile_size
 
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
@@ -394,11 +394,7 @@ class LavoAttention(nn.Module):
             if valid is not None:
                 z_pre = z_pre * valid[:, None, :n_pre, None].to(z_pre.dtype)
             z_sum = z_sum + z_pre.sum(dim=2, keepdim=True)
-        if valid is None:
-            count = torch.full((1,), n_pre + gh * gw, dtype=q.dtype, device=q.device)
-        else:
-            count = valid.sum(dim=1).to(q.dtype).clamp(min=1)[:, None, None, None]
-        return code_memory_from_sum(z_sum, count, basis)
+        return code_memory_from_sum(z_sum, valid_count(valid, n_pre + gh * gw, q.dtype, q.device), basis)
 
     @torch.jit.unused
     def _kernel_branches(self, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> Tensor:
