@@ -377,6 +377,29 @@ def test_magnitude_features_equal_softplus_times_table(table_shape):
         assert magnitude_features(x, table).grad_fn is None
 
 
+def test_training_path_features_contiguous_from_qkv_views():
+    """q / k / v arrive as permuted views of the qkv projection. The fused features come out contiguous in
+    (B, H, N, 2d) (so the attention's matmuls read them without copies, forward and backward), and the features
+    and the attention equal the plain composition on those views, values and gradients to 1e-12 (float64)."""
+    import torch.nn.functional as F
+    from vision_priors.layers.pope import dense_softmax_attention, magnitude_features, pope_features
+    torch.manual_seed(5)
+    B, N, H, d = 2, 7, 3, 5
+    qkv = torch.randn(B, N, 3 * H * d, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(H, N, 2, d, dtype=torch.float64)
+    q, k, v = qkv.reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+    assert not q.is_contiguous() and not v.is_contiguous()
+    fq, fk = magnitude_features(q, table), magnitude_features(k, table)
+    assert fq.is_contiguous() and fk.is_contiguous() and fq.shape == (B, H, N, 2 * d)
+    out = dense_softmax_attention(fq, fk, v)
+    rq, rk = pope_features(F.softplus(q), table), pope_features(F.softplus(k), table)
+    ref = torch.softmax(rq @ rk.transpose(-2, -1), dim=-1) @ v
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, qkv, g)[0], torch.autograd.grad(ref, qkv, g)[0],
+                               rtol=0, atol=1e-12)
+
+
 def test_dense_cpu_training_only_at_short_lengths(monkeypatch):
     """The explicit softmax path serves CPU autograd calls up to CPU_DENSE_TRAIN_LOGITS_BYTES of logits per head
     (ViT-S at 224 px: 197 tokens), SDPA the longer ones (384 px: 577 tokens), and never no-grad calls."""

@@ -192,7 +192,11 @@ class _MagnitudeFeatures(torch.autograd.Function):
     def forward(ctx, x: Tensor, table: Tensor) -> Tensor:  # type: ignore[override]
         magnitude = F.softplus(x)
         ctx.save_for_backward(x, magnitude, table)
-        return (magnitude.unsqueeze(-2) * table).flatten(-2)
+        # written into a contiguous (..., N, 2, d) buffer: x is usually a permuted view of the qkv projection, and
+        # features in that layout would be copied by every matmul that reads them (forward and backward)
+        out = torch.empty(x.shape[:-1] + (2, x.shape[-1]), dtype=torch.result_type(magnitude, table),
+                          device=x.device)
+        return pope_features(magnitude, table, out=out)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:  # type: ignore[override]
@@ -223,6 +227,7 @@ class _DenseSoftmaxAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # type: ignore[override]
+        v = v.contiguous()  # once, for the forward's and the backward's matmuls (v is often a view of qkv)
         probs = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
         ctx.save_for_backward(q, k, v, probs)
         return probs @ v
