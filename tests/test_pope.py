@@ -398,6 +398,14 @@ def test_training_path_features_contiguous_from_qkv_views():
     g = torch.randn_like(out)
     torch.testing.assert_close(torch.autograd.grad(out, qkv, g)[0], torch.autograd.grad(ref, qkv, g)[0],
                                rtol=0, atol=1e-12)
+    # a table that broadcasts x to a larger shape: the buffer takes the broadcast shape (no resize of ``out``)
+    wide = torch.randn(4, H, N, 2, d, dtype=torch.float64)[:, None]  # (4, 1, H, N, 2, d) against x (B, H, N, d)
+    x = q.detach().clone().requires_grad_()
+    y, r = magnitude_features(x, wide), pope_features(F.softplus(x), wide)
+    assert y.shape == r.shape == (4, B, H, N, 2 * d) and y.is_contiguous()
+    torch.testing.assert_close(y, r, rtol=0, atol=1e-15)
+    gy = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, gy)[0], torch.autograd.grad(r, x, gy)[0], rtol=0, atol=1e-12)
 
 
 def test_dense_cpu_training_only_at_short_lengths(monkeypatch):

@@ -194,8 +194,8 @@ class _MagnitudeFeatures(torch.autograd.Function):
         ctx.save_for_backward(x, magnitude, table)
         # written into a contiguous (..., N, 2, d) buffer: x is usually a permuted view of the qkv projection, and
         # features in that layout would be copied by every matmul that reads them (forward and backward)
-        out = torch.empty(x.shape[:-1] + (2, x.shape[-1]), dtype=torch.result_type(magnitude, table),
-                          device=x.device)
+        shape = torch.broadcast_shapes(magnitude.unsqueeze(-2).shape, table.shape)
+        out = torch.empty(shape, dtype=torch.result_type(magnitude, table), device=x.device)
         return pope_features(magnitude, table, out=out)
 
     @staticmethod
