@@ -207,10 +207,9 @@ class _MagnitudeFeatures(torch.autograd.Function):
             grad_x = torch.addcmul(grad[..., 0, :] * table[..., 0, :], grad[..., 1, :], table[..., 1, :])
             grad_x = grad_x * torch.sigmoid(x)
         if ctx.needs_input_grad[1]:
-            # double backward: the saved magnitude is not connected to x, so it is recomputed
-            weight = F.softplus(x).unsqueeze(-2) if torch.is_grad_enabled() else magnitude.unsqueeze(-2)
-            if torch.is_grad_enabled():
-                grad_table = (grad * weight).sum_to_size(table.shape)
+            weight = magnitude.unsqueeze(-2)
+            if torch.is_grad_enabled():  # double backward: the saved magnitude is not connected to x, recompute it
+                grad_table = (grad * F.softplus(x).unsqueeze(-2)).sum_to_size(table.shape)
             elif tuple(table.shape) == tuple(grad.shape[1:]):  # one table for the batch: sum sample by sample
                 grad_table = grad[0] * weight[0]
                 for b in range(1, grad.shape[0]):
