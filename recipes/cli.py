@@ -9,6 +9,7 @@ CPU thread count and dispatches.
 import argparse
 import contextlib
 import json
+import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -53,6 +54,31 @@ nonnegative_float = _number(float, 0)
 unit_fraction = _number(float, 0, 1, high_open=True)        # [0, 1)
 open_fraction = _number(float, 0, 1, low_open=True, high_open=True)  # (0, 1)
 probability = _number(float, 0, 1)                            # [0, 1]
+
+
+def location(text: str) -> str:
+    """An argparse type for a file or folder: the path made absolute (``~`` expanded, ``..`` folded), so a run's
+    stored settings say where its data is, and ``--resume`` compares places, not spellings (``../data/x.csv``
+    and ``/work/data/x.csv`` from ``/work/main`` are the same setting)."""
+    if not text:
+        raise argparse.ArgumentTypeError('must be a file or folder path, got an empty string')
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def data_source(keywords: Sequence[str] = (), schemes: Sequence[str] = ()) -> Callable[[str], str]:
+    """An argparse type for a data flag that takes a keyword (``cifar10``), ``SCHEME:PATH`` (``wds:FOLDER``) or a
+    path: keywords stay as they are, the path part is made absolute as in :func:`location`."""
+
+    def parse(text: str) -> str:
+        if text in keywords:
+            return text
+        for scheme in schemes:
+            if text.startswith(scheme + ':'):
+                return f'{scheme}:{location(text[len(scheme) + 1:])}'
+        return location(text)
+
+    parse.__name__ = 'a data source'
+    return parse
 
 
 # ----------------------------------------------------------------------------------------- parser

@@ -77,8 +77,8 @@ def eval_cadence(text: str) -> Any:
 
 def add_data_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', default=None, help='CSV with a date column; default: a generated ETT-format CSV')
-    g.add_argument('--builtin-root', default='outputs/forecast_data', help='where the generated CSV is written once')
+    g.add_argument('--data', type=cli.location, default=None, help='CSV with a date column; default: a generated ETT-format CSV')
+    g.add_argument('--builtin-root', type=cli.location, default='outputs/forecast_data', help='where the generated CSV is written once')
     g.add_argument('--builtin-seed', type=cli.nonnegative_int, default=0, help='generated CSV: seed')
     g.add_argument('--layout', choices=LAYOUTS, default='auto', help='split borders (auto: from the file name)')
     g.add_argument('--features', choices=FEATURE_MODES, default='M', help='M: all -> all, S: target -> target, '

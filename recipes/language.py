@@ -63,7 +63,7 @@ INDEX_TEST_SEED = 20_000
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--text', nargs='+', default=None,
+    g.add_argument('--text', type=cli.location, nargs='+', default=None,
                    help='text files, folders or webdataset .tar shards; default: pydoc_data.topics prose')
     g.add_argument('--with-stdlib', action='store_true', help='built-in corpus: add the stdlib .py sources')
     g.add_argument('--block-bytes', type=cli.positive_int, default=16384, help='split unit (bytes)')

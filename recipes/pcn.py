@@ -70,11 +70,11 @@ EVAL_ONLY_FLAGS = ('renders',)
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', default=None, help='PCN-layout folder; default: the built-in procedural dataset')
+    g.add_argument('--data', type=cli.location, default=None, help='PCN-layout folder; default: the built-in procedural dataset')
     g.add_argument('--categories', nargs='+', default=None, help='taxonomy names to use (default: all)')
     g.add_argument('--num-partial', type=cli.positive_int, default=512, help='points per partial cloud (PCN: 2048)')
     g.add_argument('--num-complete', type=cli.positive_int, default=2048, help='points per complete cloud (PCN: 16384)')
-    g.add_argument('--builtin-root', default='outputs/pcn_data', help='where the built-in dataset is written once')
+    g.add_argument('--builtin-root', type=cli.location, default='outputs/pcn_data', help='where the built-in dataset is written once')
     g.add_argument('--builtin-models', type=cli.positive_int, nargs=3, default=(24, 4, 6), metavar=('TRAIN', 'VAL', 'TEST'),
                    help='built-in data: models per category and split')
     g.add_argument('--builtin-views', type=cli.positive_int, default=8, help='built-in data: partial views per model')

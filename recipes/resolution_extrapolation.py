@@ -107,7 +107,7 @@ def res_name(res: Sequence[int]) -> str:
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', default=None,
+    g.add_argument('--data', type=cli.data_source(keywords=('cifar10',), schemes=('wds', 'cifar10')), default=None,
                    help='ImageNet-style folder (train/, val/ with class subfolders), wds:FOLDER for webdataset '
                         'shards (jpg/cls), cifar10 (torchvision download) or cifar10:PATH (a folder of the '
                         'python batches, or an .npz of images / labels split per class by --data-seed); '

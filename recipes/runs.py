@@ -4,14 +4,17 @@ Order of a training command: the flags are validated (``cli.py``), then :class:`
 folder (a new run needs a folder without a run, ``--resume`` one with a run), the recipe builds its data
 and model (nothing written yet), and :meth:`RunFolder.commit` either writes ``config.json`` (new run)
 or compares it with the stored one (``--resume``): any difference outside the keys the recipe allows
-to change is an error listing the keys, and the folder is left untouched.
+to change is an error listing the keys, and the folder is left untouched. A sweep with ``--resume``
+first takes every run that holds one through these checks (:func:`check_resumed_runs`), so a changed
+setting stops the sweep before any of its runs trains.
 """
+import contextlib
 import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -20,7 +23,10 @@ from .checkpoints import LATEST, CheckpointError, latest_checkpoint, load_weight
 
 CONFIG = 'config.json'
 # flags that never change what a run computes: a resumed run may use other values
-RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every', 'cpu')
+# (``builtin_root`` only says where the built-in data are cached; the generator settings that define them are
+# compared)
+RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every', 'cpu',
+                   'builtin_root')
 # flags that describe a command, not one run (a sweep's lists, the output root), or that the config
 # stores on its own (the model / method and the seed of the run)
 COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed',
@@ -52,6 +58,24 @@ def config_differences(stored: Dict[str, Any], new: Dict[str, Any], may_change: 
     allowed = set(RESUMABLE_FLAGS) | set(may_change)
     a, b = _flatten(to_json(stored)), _flatten(to_json(new))
     return sorted(k for k in set(a) | set(b) if k.split('.')[-1] not in allowed and a.get(k, '<absent>') != b.get(k, '<absent>'))
+
+
+class SettingsChecked(Exception):
+    """Raised by :meth:`RunFolder.commit` inside :func:`settings_check_only`: the settings were checked, nothing
+    was written and nothing trained."""
+
+
+_CHECK_ONLY = [False]
+
+
+@contextlib.contextmanager
+def settings_check_only() -> Iterator[None]:
+    """Within this block :meth:`RunFolder.commit` checks the settings and then raises :class:`SettingsChecked`."""
+    _CHECK_ONLY[0] = True
+    try:
+        yield
+    finally:
+        _CHECK_ONLY[0] = False
 
 
 def holds_run(folder: Path) -> bool:
@@ -94,6 +118,9 @@ class RunFolder:
                 raise ValueError(f'--resume: the settings differ from those of the run in {self.path} ({details}). '
                                  f'Resume with the stored settings ({self.path / CONFIG}) or start a new run '
                                  f'with another --out')
+        if _CHECK_ONLY[0]:
+            raise SettingsChecked(str(self.path))
+        if self.resume:
             return
         if write:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -163,6 +190,29 @@ def _start_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def check_resumed_runs(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, ...]], **kwargs: Any) -> None:
+    """Every run of a ``--resume`` sweep that holds one goes through ``train`` up to :meth:`RunFolder.commit` (its
+    folder, checkpoint and settings checks), in this process, before any run trains; each failure is printed and
+    the first one raised, so one changed setting or damaged checkpoint stops the whole sweep with nothing trained."""
+    errors = []
+    with settings_check_only():
+        for run in runs:
+            if not resume_flag(True, Path(run[-1])):
+                continue
+            try:
+                train(args, *run, True, **kwargs)
+            except SettingsChecked:
+                continue
+            except Exception as error:  # noqa: BLE001 - reported below, the first one raised
+                print(f'FAILED: {run[-1]}: {type(error).__name__}: {error}', flush=True)
+                errors.append(error)
+                continue
+            raise RuntimeError(f'{train.__name__} returned without reaching RunFolder.commit for {run[-1]}: its '
+                               f'settings could not be checked')
+    if errors:
+        raise errors[0]
+
+
 def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, ...]], **kwargs: Any) -> None:
     """Train every run of a sweep: ``train(args, *run, resume, **kwargs)`` with ``run = (..., run_dir)`` and
     ``resume`` from :func:`resume_flag`.
@@ -171,8 +221,11 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
     with ``threads // jobs`` torch threads (at least 1; ``threads`` is ``--threads`` or torch's default). Every
     run is seeded by itself, so at the same threads per run its weights are those it gets when trained alone
     (other thread counts change float rounding only). A failed run does not stop the others: each is reported
-    as it is collected, and once all have finished or failed the first failure is raised.
+    as it is collected, and once all have finished or failed the first failure is raised. With ``args.resume``,
+    :func:`check_resumed_runs` runs first.
     """
+    if getattr(args, 'resume', False):
+        check_resumed_runs(train, args, runs, **kwargs)
     jobs = sweep_jobs(getattr(args, 'jobs', 1), len(runs))
     if jobs == 1:
         for run in runs:
@@ -195,5 +248,7 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
             raise errors[0]
 
 
-__all__ = ['CONFIG', 'CheckpointError', 'FinishedRun', 'RunFolder', 'config_differences', 'holds_run',
-           'load_finished_run', 'resume_flag', 'run_settings', 'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']
+__all__ = ['CONFIG', 'CheckpointError', 'FinishedRun', 'RunFolder', 'SettingsChecked', 'check_resumed_runs',
+           'config_differences', 'holds_run',
+           'load_finished_run', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders', 'sweep_jobs',
+           'to_json', 'train_sweep']

@@ -151,7 +151,7 @@ def parse_model_name(name: str) -> tuple:
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', default=None,
+    g.add_argument('--data', type=cli.location, default=None,
                    help='CIFAR-10 python-batch folder (data_batch_1..5, test_batch, batches.meta), an .npz with '
                         'images (N, 32, 32, 3) uint8 + labels (split into disjoint pools), or nothing for the '
                         'built-in procedural images')
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command('eval', 'evaluate run folders on seen and unseen scan orders')
     p.add_argument('runs', nargs='+', help='run folders, their checkpoint folders or their best/ folders')
     p.add_argument('--out', default='outputs/spatial_vqa/eval', help='folder for results.json and the plot')
-    p.add_argument('--data', default=None, help="override the run's data source (CIFAR folder or .npz)")
+    p.add_argument('--data', type=cli.location, default=None, help="override the run's data source (CIFAR folder or .npz)")
     p.add_argument('--test-scenes', type=cli.positive_int, default=None, help="override the run's number of test scenes")
     cli.add_device_flags(p, batch_size=64)
     p = add_command('compare', 'train + eval several methods over seeds')

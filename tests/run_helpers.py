@@ -26,3 +26,13 @@ def train_or_fail(args, name: str, seed: int, run_dir: Path, resume: bool) -> No
         raise ValueError(f'run {name} seed {seed} failed on purpose')
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / 'trained.txt').write_text(f'{name} {seed} resume={resume}')
+
+
+def train_with_settings(args, name: str, seed: int, run_dir: Path, resume: bool) -> None:
+    """A stand-in for a recipe's ``run_train`` that stores and checks its settings like one (``RunFolder`` first,
+    ``commit`` of ``args.setting``), then writes a marker counting how often it trained."""
+    from vision_priors.recipes.runs import RunFolder
+    folder = RunFolder(Path(run_dir), resume)
+    folder.commit(dict(name=name, seed=seed, args=dict(setting=args.setting)))
+    marker = Path(run_dir) / 'trained.txt'
+    marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))

@@ -340,3 +340,75 @@ def test_sweep_worker_failure_is_raised_after_the_other_runs_finish(tmp_path, ca
     assert (tmp_path / 'fine2' / 'trained.txt').exists() and not (tmp_path / 'broken').exists()
     out = capsys.readouterr().out
     assert 'FAILED: ' + str(tmp_path / 'broken') + ': ValueError' in out and 'trained: ' + str(tmp_path / 'fine') in out
+
+
+def test_resumed_sweep_checks_every_run_before_any_trains(tmp_path, capsys):
+    """With --resume a sweep takes every run that holds one through its settings check first: one changed
+    setting stops the whole sweep, and no run (resumed or new) has trained or written anything."""
+    import argparse
+
+    from run_helpers import train_with_settings
+    from vision_priors.recipes.runs import train_sweep
+    runs = [('a', 0, tmp_path / 'a'), ('b', 1, tmp_path / 'b')]
+    train_sweep(train_with_settings, argparse.Namespace(jobs=1, resume=False, setting=1), runs)
+    config_b = tmp_path / 'b' / 'config.json'
+    config_b.write_text(config_b.read_text().replace('"setting": 1', '"setting": 2'))  # b was trained otherwise
+    before = snapshot(tmp_path)
+    for jobs in (1, 2):
+        with pytest.raises(ValueError, match=r'settings differ .*setting: 2 -> 1'):
+            train_sweep(train_with_settings, argparse.Namespace(jobs=jobs, threads=1, resume=True, setting=1),
+                        [*runs, ('c', 2, tmp_path / 'c')])
+        assert snapshot(tmp_path) == before  # 'a' (listed first) did not train again, 'c' never started
+    assert 'FAILED: ' + str(tmp_path / 'b') + ': ValueError' in capsys.readouterr().out
+    # the stored settings given back: every run resumes (and the new one starts)
+    train_sweep(train_with_settings, argparse.Namespace(jobs=1, resume=True, setting=1), [runs[0]])
+    assert (tmp_path / 'a' / 'trained.txt').read_text() == '2'
+
+
+def test_a_train_function_that_never_commits_cannot_pass_the_resume_check(tmp_path):
+    import argparse
+
+    from run_helpers import train_or_fail
+    from vision_priors.recipes.runs import check_resumed_runs
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'a' / 'config.json').write_text('{}')
+    with pytest.raises(RuntimeError, match='without reaching RunFolder.commit'):
+        check_resumed_runs(train_or_fail, argparse.Namespace(), [('a', 0, tmp_path / 'a')])
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('cifar10', 'cifar10'),
+    ('cifar10:../data/c.npz', 'cifar10:{parent}/data/c.npz'),
+    ('wds:shards', 'wds:{cwd}/shards'),
+    ('folder/../x.csv', '{cwd}/x.csv'),
+    ('/abs/x.csv', '/abs/x.csv'),
+])
+def test_data_flags_are_stored_as_absolute_paths(tmp_path, monkeypatch, text, expected):
+    from vision_priors.recipes.cli import data_source
+    monkeypatch.chdir(tmp_path)
+    parse = data_source(keywords=('cifar10',), schemes=('wds', 'cifar10'))
+    assert parse(text) == expected.format(cwd=tmp_path, parent=tmp_path.parent)
+
+
+def test_resume_accepts_the_same_data_under_another_spelling(tmp_path, monkeypatch):
+    """A relative --data and the absolute path of the same file are one setting; another file is not."""
+    import shutil
+
+    from vision_priors.recipes import forecast
+    from vision_priors.recipes.data.ett import write_ett_csv
+    csv = write_ett_csv(tmp_path / 'data' / 'tiny.csv', rows=300, seed=2)
+    shutil.copy(csv, tmp_path / 'data' / 'other.csv')
+    (tmp_path / 'work').mkdir()
+    monkeypatch.chdir(tmp_path / 'work')
+    flags = ['train', '--seq-len', '16', '--label-len', '8', '--pred-len', '4', '--updates', '2',
+             '--model-overrides', json.dumps(dict(d_model=8, n_heads=2, d_ff=8, lavo_slots=4)), '--batch-size', '16',
+             '--cpu', '--threads', '1', '--plot-windows', '1', '--out', str(tmp_path / 'run')]
+    forecast.main([*flags, '--data', '../data/tiny.csv'])
+    config = json.loads((tmp_path / 'run' / 'config.json').read_text())
+    assert config['args']['data'] == str(csv)
+    before = snapshot(tmp_path / 'run')
+    forecast.main([*flags, '--data', str(csv), '--resume'])  # finished: nothing to train, nothing refused
+    with pytest.raises(ValueError, match=r'settings differ .*data.*tiny\.csv.* -> .*other\.csv'):
+        forecast.main([*flags, '--data', '../data/other.csv', '--resume'])
+    after = snapshot(tmp_path / 'run')
+    assert after.pop('log.jsonl').startswith(before.pop('log.jsonl')) and after == before
