@@ -44,8 +44,8 @@ def goat_reference(layer: GoatAttention, x: torch.Tensor, coords: torch.Tensor, 
 
     if prior.log_freqs is not None:  # learned frequencies
         freqs = prior.log_freqs.double().exp()
-    else:  # the fixed ladder w_r = base^(-r / R), same for every axis
-        ladder = [prior.freq_base ** (-r / prior.num_modes) for r in range(prior.num_modes)]
+    else:  # the fixed ladder w_r = max_freq * base^(-r / R), same for every axis
+        ladder = [prior.max_freq * prior.freq_base ** (-r / prior.num_modes) for r in range(prior.num_modes)]
         freqs = torch.tensor([ladder] * coords.shape[1], dtype=torch.float64)
     alpha, beta = prior.alpha.double(), prior.beta.double()
     D = coords.shape[1]
@@ -96,6 +96,8 @@ CASES = {
                   lambda m: sequence_coords(m), True),
     '2d_class_token': (dict(dim=96, num_heads=3, num_spatial_dims=2, num_modes=3, num_prefix_tokens=1), 16,
                        lambda m: grid_coords((3, 5)), False),
+    '2d_vit_ladder_odd_grid': (dict(dim=70, num_heads=2, num_spatial_dims=2, num_modes=4, max_freq=0.4,
+                                    key_mlp_hidden=0), 35, lambda m: grid_coords((5, 7)), False),
     '2d_arbitrary_coords': (dict(dim=64, num_heads=2, num_spatial_dims=2, num_modes=2, num_prefix_tokens=2,
                                  learn_freqs=True, qkv_bias=True), 11,
                             lambda m: torch.randn(m, 2, generator=torch.Generator().manual_seed(3)) * 4, False),

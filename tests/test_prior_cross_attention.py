@@ -62,7 +62,7 @@ def _goat_logits(layer: GoatCrossAttention, q, k, p_q, p_k):
     if prior.log_freqs is not None:
         w = prior.log_freqs.exp()
     else:
-        w = (prior.freq_base ** (-torch.arange(R, dtype=torch.float64) / R)).expand(D, R)
+        w = (prior.max_freq * prior.freq_base ** (-torch.arange(R, dtype=torch.float64) / R)).expand(D, R)
     content = q @ k.transpose(-1, -2) / math.sqrt(layer.content_dim)
     d = p_q[:, None, :, None] - p_k[None, :, :, None]  # (N - P, n, D, 1): p_i - p'_j per axis
     rel = (prior.alpha[:, None, None] * torch.cos(w * d) + prior.beta[:, None, None] * torch.sin(w * d)).sum((-1, -2))

@@ -214,7 +214,7 @@ def test_goat_vit_prior_is_relative_by_default():
     coordinates only through their differences: shifting the whole grid changes nothing, the property that lets
     the model run on grids larger than its training grid without leaving the prior's training range."""
     from vision_priors.models.vision_transformer_priors import VIT_GOAT_DEFAULTS
-    assert VIT_GOAT_DEFAULTS == dict(key_mlp_hidden=0)
+    assert VIT_GOAT_DEFAULTS == dict(key_mlp_hidden=0, max_freq=0.4)
     model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
                               patch_size=8, class_token=False, global_pool='avg', num_classes=0).double()
     attn = model.blocks[0].attn
@@ -231,3 +231,24 @@ def test_goat_vit_prior_is_relative_by_default():
     with_mlp = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
                                  patch_size=8, attn_kwargs=dict(key_mlp_hidden=8))
     assert with_mlp.blocks[0].attn.prior.key_mlp is not None
+
+
+def test_goat_vit_frequency_ladder_tops_at_max_freq():
+    """The 2D ViTs' GOAT ladder is w_r = 0.4 * 100^(-r / R) per axis (``max_freq``), in every block; the layer's
+    own default stays the paper's ladder (w_0 = 1), and an explicit ``max_freq`` overrides the ViTs' default."""
+    model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=2, num_heads=2, img_size=32,
+                              patch_size=8, num_classes=0)
+    R = model.blocks[0].attn.prior.num_modes
+    expected = torch.tensor([0.4 * 100.0 ** (-r / R) for r in range(R)], dtype=torch.float64).expand(2, R)
+    for block in model.blocks:
+        torch.testing.assert_close(block.attn.prior.frequencies(torch.float64, torch.device('cpu')), expected,
+                                   rtol=1e-15, atol=0)
+    from vision_priors.layers import GoatAttention
+    paper = GoatAttention(48, num_heads=2, num_spatial_dims=2).prior.frequencies(torch.float64, torch.device('cpu'))
+    assert paper[0, 0].item() == 1.0
+    learned = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
+                                patch_size=8, attn_kwargs=dict(learn_freqs=True, max_freq=0.25))
+    torch.testing.assert_close(learned.blocks[0].attn.prior.log_freqs.exp().double(),
+                               (expected * 0.25 / 0.4), rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match='max_freq must be a finite number > 0'):
+        GoatAttention(48, num_heads=2, num_spatial_dims=2, max_freq=0.0)

@@ -80,6 +80,9 @@ class GoatPrior(nn.Module):
         num_spatial_dims: 1 (sequences) or 2 (images, axis-wise prior of Eq. 12 / 20).
         num_modes: Fourier modes R per axis; each axis has its own full ladder.
         freq_base: Ladder w_r = freq_base^(-r / R), r = 0..R-1 (radians per coordinate unit).
+        max_freq: w_0, the top of the ladder: w_r = max_freq * freq_base^(-r / R) (default 1, the paper's
+            ladder). A mode turns max_freq * d radians over an offset d, so offsets past pi / max_freq alias
+            onto shorter ones; the 2D ViTs use 0.4 (README, main-job ablation).
             Default 10000 in 1D and 100 in 2D (patch grids are short).
         learn_freqs: Learn the frequencies (log-parametrised, Table 4 'Learned') instead of fixing them.
         prior_init: 'zero' (uniform prior at init), 'random' (alpha, beta ~ N(0, init_std^2) from a
@@ -104,6 +107,7 @@ class GoatPrior(nn.Module):
             num_spatial_dims: int = 2,
             num_modes: int = 4,
             freq_base: Optional[float] = None,
+            max_freq: float = 1.0,
             learn_freqs: bool = False,
             prior_init: str = 'zero',
             init_std: float = 0.5,
@@ -121,6 +125,8 @@ class GoatPrior(nn.Module):
             raise ValueError(f'num_spatial_dims must be 1 or 2, got {num_spatial_dims}')
         if num_modes < 1:
             raise ValueError(f'num_modes must be >= 1, got {num_modes}')
+        if not 0 < max_freq < float('inf'):
+            raise ValueError(f'max_freq must be a finite number > 0, got {max_freq!r}')
         if prior_init not in PRIOR_INITS:
             raise ValueError(f'prior_init must be one of {PRIOR_INITS}, got {prior_init!r}')
         if num_prefix_tokens < 0:
@@ -135,11 +141,12 @@ class GoatPrior(nn.Module):
         self.init_seed = init_seed
         is_2d = num_spatial_dims == 2
         self.freq_base = float(freq_base if freq_base is not None else (100.0 if is_2d else 10000.0))
+        self.max_freq = float(max_freq)
         self.alibi_extent = float(alibi_extent if alibi_extent is not None else (16.0 if is_2d else 512.0))
         self.abs_pos_scale = float(abs_pos_scale if abs_pos_scale is not None else (14.0 if is_2d else 2048.0))
 
         if learn_freqs:
-            ladder = self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
+            ladder = self.max_freq * self.freq_base ** (-torch.arange(num_modes, dtype=torch.float64) / num_modes)
             self.log_freqs = nn.Parameter(ladder.log().float().expand(num_spatial_dims, num_modes).clone())
         else:
             self.log_freqs = None  # fixed ladder, computed in the positions' dtype (no rounded buffer)
@@ -238,7 +245,7 @@ class GoatPrior(nn.Module):
         if self.log_freqs is not None:
             return self.log_freqs.to(dtype).exp()
         exponents = torch.arange(self.num_modes, dtype=dtype, device=device) / self.num_modes
-        return torch.pow(self.freq_base, -exponents).expand(self.num_spatial_dims, self.num_modes)
+        return torch.pow(self.freq_base, -exponents).expand(self.num_spatial_dims, self.num_modes) * self.max_freq
 
     def abs_features(self, coords: Tensor) -> Tensor:
         """phi_abs(p): per axis, sinusoids of p and p / abs_pos_scale (input of g_h, Eq. 21): (..., M, F)."""
