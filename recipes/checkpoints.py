@@ -77,6 +77,10 @@ def verify_checkpoint(folder: Path) -> None:
     if not isinstance(files, dict) or not files:
         raise CheckpointError(f'checkpoint manifest {manifest_path} is damaged: no file list')
     for name, expected in files.items():
+        if (not isinstance(expected, dict) or not isinstance(expected.get('bytes'), int)
+                or not isinstance(expected.get('sha256'), str) or Path(name).is_absolute() or '..' in Path(name).parts):
+            raise CheckpointError(f'checkpoint manifest {manifest_path} is damaged: entry {name!r}: {expected!r} is not '
+                                  f'a file inside the checkpoint with its "bytes" and "sha256"')
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f'checkpoint file {path} is missing (listed in {manifest_path})')

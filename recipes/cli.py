@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -54,6 +55,21 @@ nonnegative_float = _number(float, 0)
 unit_fraction = _number(float, 0, 1, high_open=True)        # [0, 1)
 open_fraction = _number(float, 0, 1, low_open=True, high_open=True)  # (0, 1)
 probability = _number(float, 0, 1)                            # [0, 1]
+
+
+def optimizer_name(text: str) -> str:
+    """An argparse type for ``--opt``: a name timm can build an optimizer from (tried on a one-weight model, so an
+    unknown name or a missing optional package fails at parse time naming the flag, not after the data is built)."""
+    from timm.optim import create_optimizer_v2
+    try:
+        create_optimizer_v2(torch.nn.Linear(1, 1), opt=text, lr=1e-3)
+    except Exception as e:  # noqa: BLE001 - timm raises ValueError, AssertionError, ImportError ...
+        raise argparse.ArgumentTypeError(f'must be a timm optimizer (timm.optim.list_optimizers()), got {text!r}: '
+                                         f'{type(e).__name__}: {e}')
+    return text
+
+
+optimizer_name.__name__ = 'a timm optimizer'
 
 
 def location(text: str) -> str:
@@ -144,7 +160,7 @@ def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, 
     g.add_argument('--epochs', type=positive_int, default=epochs, help='training epochs (ignored when --updates is set)')
     g.add_argument('--updates', type=nonnegative_int, default=0, help='total optimizer updates (0 = use --epochs)')
     g.add_argument('--grad-accum', type=positive_int, default=1, help='gradient accumulation steps')
-    g.add_argument('--opt', default='adamw', help='timm optimizer name')
+    g.add_argument('--opt', type=optimizer_name, default='adamw', help='timm optimizer name')
     g.add_argument('--lr', type=positive_float, default=lr, help='peak learning rate')
     g.add_argument('--weight-decay', type=nonnegative_float, default=weight_decay)
     g.add_argument('--warmup-frac', type=unit_fraction, default=warmup_frac,
@@ -189,8 +205,20 @@ def check_unique(flag: str, values: Sequence[Any]) -> None:
         raise ValueError(f'{flag} lists {", ".join(repeated)} more than once')
 
 
+def check_folder(path: str, what: str = '--out') -> None:
+    """``path`` is a folder or can be made one: neither it nor a folder above it is an existing file (checked
+    before any work, not when the first result is written)."""
+    for part in (Path(os.path.abspath(path)), *Path(os.path.abspath(path)).parents):
+        if part.exists():
+            if not part.is_dir():
+                raise NotADirectoryError(f'{what} {path}: {part} is a file, not a folder')
+            return
+
+
 def validate_common(args: argparse.Namespace) -> None:
     """Checks that combine the shared flags (per-value checks already ran at parse time)."""
+    if getattr(args, 'out', None) is not None:
+        check_folder(args.out)
     if hasattr(args, 'amp'):
         check_amp(args.amp, getattr(args, 'cpu', False))
     if getattr(args, 'patience', 0) and not getattr(args, 'eval_every', 0):

@@ -54,7 +54,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
+from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, to_json, train_sweep
 
 BASELINE = 'linear'
 METHODS = (*CROSS_ATTENTIONS, BASELINE)  # a compare's rows: Informer with each cross-attention, the baseline
@@ -325,8 +325,6 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
     settings.update(seq_len=dcfg['seq_len'], label_len=dcfg['label_len'])  # this run's lengths (per horizon)
     config = dict(method=method, seed=seed, lr=lr, model=mcfg, data=dcfg, columns=series.columns,
                   borders=series.borders, parameters=sum(p.numel() for p in model.parameters()), args=settings)
-    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
-
     loader = train_loader(series.split('train'), args.batch_size, seed, args.num_workers)
     updates_per_epoch = max(1, len(loader) // args.grad_accum)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
@@ -346,6 +344,8 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
         out = forecast(model, batch, series.label_len, series.pred_len)
         return nn.functional.mse_loss(out.float(), horizon_truth(batch, series.pred_len, series.out_channels))
 
+    # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
     logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
     logger.log(event='start', method=method, pred_len=pred_len, seed=seed, total_updates=total_updates,
                updates_per_epoch=updates_per_epoch, parameters=config['parameters'], device=str(accelerator.device))
@@ -366,6 +366,17 @@ def weights_folder(run: Path) -> Path:
     return run / 'best' if (run / 'config.json').exists() and (run / 'best').is_dir() else run
 
 
+def check_same_data(series: ForecastSeries, config: Dict[str, Any], run: str) -> None:
+    """The CSV a run is evaluated on still has the columns and split borders it was trained with (an edited,
+    truncated or extended file would silently move the test windows and the training-split scaling)."""
+    stored = {k: config.get(k) for k in ('columns', 'borders')}
+    found = to_json(dict(columns=series.columns, borders=series.borders))
+    if found != stored:
+        changed = '; '.join(f'{k}: {stored[k]} -> {found[k]}' for k in stored if stored[k] != found[k])
+        raise ValueError(f'{series.path}: the data changed since run {run} was trained ({changed}); evaluate on the '
+                         f'file it was trained on')
+
+
 def run_eval(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any]]:
     """Test-split MSE / MAE of each run (rows), with the target column of a few test windows for the plot."""
     accelerator = make_accelerator(0, mixed_precision=args.amp, cpu=args.cpu)
@@ -376,6 +387,7 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, An
         model = build_model(config['model'])
         model.load_state_dict(loaded.state_dict)
         series = load_series(config['data'])
+        check_same_data(series, config, run)
         model = accelerator.prepare(model)
         torch.manual_seed(config['seed'])  # ProbSparse samples keys at test time too
         pred, true = predict(model, eval_loader(series.split('test'), args.batch_size, accelerator,

@@ -300,8 +300,6 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
             updates, lr = args.index_updates, args.index_lr
     config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg, init_from=str(init_from) if init_from else None,
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args))
-    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
-
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
     total_updates = count_updates(updates, args.epochs, len(loader), args.grad_accum)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)
@@ -324,6 +322,8 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
                 metrics = answer_accuracy(accelerator.unwrap_model(model), held_out, args.eval_batch_size, device)
                 return dict(metrics, loss=-metrics['exact_match'])
 
+    # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
     logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
     logger.log(event='start', task=task, attn=attn, seed=seed, total_updates=total_updates,
                parameters=config['parameters'], processes=accelerator.num_processes, device=str(accelerator.device))

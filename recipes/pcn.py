@@ -271,8 +271,6 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
     model = build_model(mcfg)
     config = dict(cross_attn=cross_attn, seed=seed, model=mcfg, data=dcfg, categories=train_set.categories,
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args))
-    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
-
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
@@ -286,6 +284,8 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
         def evaluate() -> Dict[str, float]:
             return summarize_metrics(predict_metrics(model, val, accelerator), val_set.categories)['overall']
 
+    # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
     logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
     logger.log(event='start', cross_attn=cross_attn, seed=seed, total_updates=total_updates,
                parameters=config['parameters'], processes=accelerator.num_processes, device=str(accelerator.device))

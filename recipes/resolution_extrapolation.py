@@ -379,8 +379,6 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     init_abs_pos_embed(model, args.abs_pos_init)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
                   args=run_settings(args))
-    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
-
     if map_style:
         loader = train_loader(train_data, args.batch_size, seed, args.num_workers)
     else:  # webdataset: split per rank by timm's reader, never re-split by prepare
@@ -402,6 +400,8 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
             batches = eval_batches(args, accelerator.unwrap_model(model), args.train_res, accelerator)
             return evaluate_classifier(model, batches, accelerator)
 
+    # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
     logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
     logger.log(event='start', model=name, seed=seed, total_updates=total_updates,
                processes=accelerator.num_processes, device=str(accelerator.device))

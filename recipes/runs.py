@@ -1,8 +1,9 @@
 """Run folders: the guard before a run starts, its stored settings, and loading a finished run.
 
 Order of a training command: the flags are validated (``cli.py``), then :class:`RunFolder` checks the
-folder (a new run needs a folder without a run, ``--resume`` one with a run), the recipe builds its data
-and model (nothing written yet), and :meth:`RunFolder.commit` either writes ``config.json`` (new run)
+folder (a new run needs a folder without a run, ``--resume`` one with a run; no file in the way), the recipe
+builds its data, model, loader, optimizer, schedule and evaluation data (nothing written yet, so a bad input
+or setting fails with the folder as it was), and :meth:`RunFolder.commit` either writes ``config.json`` (new run)
 or compares it with the stored one (``--resume``): any difference outside the keys the recipe allows
 to change is an error listing the keys, and the folder is left untouched. A sweep with ``--resume``
 first takes every run that holds one through these checks (:func:`check_resumed_runs`), so a changed
@@ -18,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 
 import torch
 
-from .cli import check_unique
+from .cli import check_folder, check_unique
 from .checkpoints import LATEST, CheckpointError, latest_checkpoint, load_weights, read_json, write_json_atomic
 
 CONFIG = 'config.json'
@@ -78,6 +79,21 @@ def settings_check_only() -> Iterator[None]:
         _CHECK_ONLY[0] = False
 
 
+# what every recipe's config.json holds (the recipes add their own keys)
+CONFIG_KEYS = ('model', 'seed', 'data', 'args')
+
+
+def read_config(path: Path) -> Dict[str, Any]:
+    """A run's ``config.json``: a JSON object with :data:`CONFIG_KEYS`; anything else is a :class:`CheckpointError`
+    naming the file."""
+    config = read_json(path, 'run config')
+    missing = [k for k in CONFIG_KEYS if k not in config] if isinstance(config, dict) else list(CONFIG_KEYS)
+    if missing:
+        found = f'keys {sorted(config)}' if isinstance(config, dict) else f'a JSON {type(config).__name__}'
+        raise CheckpointError(f'run config {path} is damaged: it lacks {", ".join(map(repr, missing))} (found {found})')
+    return config
+
+
 def holds_run(folder: Path) -> bool:
     folder = Path(folder)
     return (folder / CONFIG).exists() or (folder / LATEST).exists()
@@ -94,6 +110,7 @@ class RunFolder:
     def __init__(self, path: Path, resume: bool) -> None:
         self.path = Path(path)
         self.resume = resume
+        check_folder(self.path, 'run folder')
         if resume and not (self.path / CONFIG).is_file():
             raise FileNotFoundError(f'--resume: {self.path} holds no run (no {CONFIG}); check the folder name, '
                                     f'or drop --resume to start a new run')
@@ -101,7 +118,7 @@ class RunFolder:
             raise FileExistsError(f'{self.path} already holds a run ({CONFIG}); pass --resume to continue it '
                                   f'or choose another --out')
         if resume:
-            self.stored = read_json(self.path / CONFIG, 'run config')
+            self.stored = read_config(self.path / CONFIG)
             latest_checkpoint(self.path)  # a damaged pointer or checkpoint fails now, before any work
 
     def commit(self, config: Dict[str, Any], may_change: Sequence[str] = (), write: bool = True) -> None:
@@ -109,6 +126,9 @@ class RunFolder:
 
         ``write`` is False on the non-main processes of a launched run.
         """
+        missing = [k for k in CONFIG_KEYS if k not in config]
+        if missing:  # a recipe's bug: what it stores must read back through read_config
+            raise KeyError(f'run config for {self.path} lacks {", ".join(map(repr, missing))}')
         if self.resume:
             diff = config_differences(self.stored, config, may_change)
             if diff:
@@ -148,7 +168,7 @@ def load_finished_run(source: Path, kind: str) -> FinishedRun:
     run_dir = source if (source / CONFIG).exists() else source.parent
     if not (run_dir / CONFIG).exists():
         raise FileNotFoundError(f'{source}: no {CONFIG} in it or its parent (expected a {kind} run or checkpoint folder)')
-    config = read_json(run_dir / CONFIG, 'run config')
+    config = read_config(run_dir / CONFIG)
     checkpoint = latest_checkpoint(source) if source == run_dir else source
     if checkpoint is None:
         raise FileNotFoundError(f'{source}: no trained weights ({LATEST} missing); train it first')
@@ -248,7 +268,7 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
             raise errors[0]
 
 
-__all__ = ['CONFIG', 'CheckpointError', 'FinishedRun', 'RunFolder', 'SettingsChecked', 'check_resumed_runs',
+__all__ = ['CONFIG', 'CONFIG_KEYS', 'CheckpointError', 'FinishedRun', 'RunFolder', 'SettingsChecked', 'check_resumed_runs',
            'config_differences', 'holds_run',
-           'load_finished_run', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders', 'sweep_jobs',
+           'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders', 'sweep_jobs',
            'to_json', 'train_sweep']

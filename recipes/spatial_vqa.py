@@ -348,8 +348,6 @@ def run_train(args: argparse.Namespace, method: str, seed: int, out_dir: Path, r
     model = build_model(mcfg)
     config = dict(method=method, seed=seed, model=mcfg, data=dcfg, vocab=vocab.tokens,
                   parameters=count_parameters(model), args=run_settings(args))
-    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
-
     loader = train_loader(sets['train'], args.batch_size, seed, args.num_workers)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
     optimizer = make_optimizer(model, args)
@@ -363,6 +361,8 @@ def run_train(args: argparse.Namespace, method: str, seed: int, out_dir: Path, r
             summary = summarize_predictions(predict(model, val, accelerator))
             return dict(nll=summary['nll'], acc=summary['acc'])
 
+    # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
+    folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)
     logger = JsonlLogger(out_dir / 'log.jsonl', enabled=accelerator.is_main_process)
     logger.log(event='start', method=method, seed=seed, total_updates=total_updates, parameters=config['parameters'],
                processes=accelerator.num_processes, device=str(accelerator.device))

@@ -33,6 +33,6 @@ def train_with_settings(args, name: str, seed: int, run_dir: Path, resume: bool)
     ``commit`` of ``args.setting``), then writes a marker counting how often it trained."""
     from vision_priors.recipes.runs import RunFolder
     folder = RunFolder(Path(run_dir), resume)
-    folder.commit(dict(name=name, seed=seed, args=dict(setting=args.setting)))
+    folder.commit(dict(name=name, seed=seed, model=name, data=None, args=dict(setting=args.setting)))
     marker = Path(run_dir) / 'trained.txt'
     marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))

@@ -135,6 +135,8 @@ def test_recipe_errors(tiny_csv, tmp_path):
         recipe.main(['train', *tiny(tiny_csv), '--data', str(bad), '--out', str(out)])
     with pytest.raises(ValueError, match=r'too few rows: the val split'):
         recipe.main(['train', *tiny(tiny_csv), '--pred-len', '40', '--out', str(out)])
+    with pytest.raises(ValueError, match=r'training samples < --batch-size 5000'):  # the loader, built before config.json
+        recipe.main(['train', *tiny(tiny_csv), '--batch-size', '5000', '--out', str(out)])
     assert not out.exists()  # nothing written by a rejected run
 
 
@@ -151,3 +153,21 @@ def test_patience_follows_validation(tiny_csv, tmp_path):
     assert (tmp_path / 'r' / 'latest.json').exists()
     with pytest.raises(ValueError, match='--patience needs --eval-every'):
         recipe.main(['train', *tiny(tiny_csv), '--eval-every', '0', '--patience', '2', '--out', str(tmp_path / 's')])
+
+
+def test_eval_refuses_a_csv_that_changed_since_training(tiny_csv, tmp_path):
+    """eval re-reads the run's CSV: rows cut off (or added, or other columns) would move the test windows and the
+    scaling; the stored columns / borders are compared and a change is an error naming the file, nothing written."""
+    csv = tmp_path / 'copy.csv'
+    csv.write_text(tiny_csv.read_text())
+    run = tmp_path / 'run'
+    recipe.main(['train', *tiny(csv), '--updates', '1', '--eval-every', '0', '--out', str(run)])
+    lines = csv.read_text().splitlines(keepends=True)
+    csv.write_text(''.join(lines[:251]))  # 250 of the 300 rows
+    with pytest.raises(ValueError, match=f"{csv}: the data changed since run {run} was trained .*borders"):
+        recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
+    frame = pd.read_csv(tiny_csv).rename(columns={'HULL': 'HULL2'})
+    frame.to_csv(csv, index=False)
+    with pytest.raises(ValueError, match=r"the data changed since run .* \(columns: .*'HULL2'"):
+        recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
+    assert not (tmp_path / 'eval').exists()

@@ -109,6 +109,8 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
     (tmp_path / 'short.txt').write_text('tiny text')
     with pytest.raises(ValueError, match='too few for a 10% validation split'):
         recipe.main(['train', *tiny(), '--text', str(tmp_path / 'short.txt'), '--out', r])
+    with pytest.raises(ValueError, match=r'training samples < --batch-size 100000'):  # the loader, before config.json
+        recipe.main(['train', *tiny(), '--batch-size', '100000', '--out', r])
     assert not Path(r).exists()
 
 

@@ -80,6 +80,8 @@ def test_recipe_errors(builtin_root, tmp_path):
         recipe.main(['compare', *tiny(builtin_root), '--cross-attns', 'lavo', 'lavo', '--out', str(tmp_path / 'r')])
     with pytest.raises(FileNotFoundError):
         recipe.main(['train', *tiny(builtin_root), '--data', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'r')])
+    with pytest.raises(ValueError, match=r'training samples < --batch-size 1000'):  # the loader, before config.json
+        recipe.main(['train', *tiny(builtin_root), '--batch-size', '1000', '--out', str(tmp_path / 'r')])
     assert not (tmp_path / 'r').exists()
 
 

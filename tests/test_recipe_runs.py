@@ -60,6 +60,7 @@ def run_copy(finished_run, tmp_path) -> Path:
     ('--checkpoint-every', '-1', 'must be an integer >= 0'),
     ('--threads', '-1', 'must be an integer >= 0'),
     ('--num-workers', '-2', 'must be an integer >= 0'),
+    ('--opt', 'no_such_optimizer', 'must be a timm optimizer'),
 ])
 def test_bad_values_stop_at_parse_time_naming_the_flag(tmp_path, capsys, flag, value, message):
     out = tmp_path / 'run'
@@ -92,6 +93,40 @@ def test_resolution_recipe_shares_the_checks(tmp_path, capsys):
     with pytest.raises(SystemExit):
         resolution_extrapolation.main(['train', '--out', str(out), '--warmup-frac', '5'])
     assert not out.exists()
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(tmp_path):
+    """``--out`` naming a file (or a folder under one) fails at validation naming the file, for a new run, a sweep and
+    an evaluation (which would otherwise evaluate everything and then fail on the first write)."""
+    file = tmp_path / 'notes.txt'
+    file.write_text('not a folder')
+    for out in (file, file / 'run'):
+        with pytest.raises(NotADirectoryError, match=f'--out {re.escape(str(out))}: {re.escape(str(file))} is a file'):
+            train(out)
+    with pytest.raises(NotADirectoryError, match=re.escape(f'{file} is a file, not a folder')):
+        spatial_vqa.main(['compare', '--methods', 'goat', '--out', str(file), '--updates', '1', *TINY])
+    with pytest.raises(NotADirectoryError, match=re.escape(f'{file} is a file, not a folder')):
+        spatial_vqa.main(['eval', str(tmp_path / 'any_run'), '--out', str(file), '--cpu'])
+    assert file.read_text() == 'not a folder' and sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--train-scenes', '4'], r'4 training samples < --batch-size 8'),
+    (['--val-scenes', '1', '--eval-every', '2', '--batch-size', '8'], None),  # a valid setting: trains
+])
+def test_a_failure_while_building_the_run_writes_no_run_folder(tmp_path, extra, message):
+    """The loader, optimizer, schedule and evaluation data are built before ``config.json`` is written: too few
+    samples for a batch leave no folder behind (one that would refuse the corrected command as 'already holds a
+    run'); an unknown ``--opt`` fails at parse time (test_bad_values_stop_at_parse_time_naming_the_flag)."""
+    out = tmp_path / 'run'
+    if message is None:
+        train(out, *extra)
+        assert (out / 'config.json').exists()
+        return
+    with pytest.raises(ValueError, match=message):
+        train(out, *extra)
+    assert not out.exists()
+    train(out)  # the corrected command starts the run
 
 
 # ---------------------------------------------------------------------------------- resume guard
@@ -183,6 +218,37 @@ def test_rng_state_that_cannot_be_restored_is_an_error(run_copy, monkeypatch):
     (run_copy / 'latest.json').write_text(json.dumps({'checkpoint': latest.name}))
     with pytest.raises(CheckpointError, match=r'RNG state .*random_states_0.pkl cannot be restored'):
         train(run_copy, '--resume', '--updates', '4')
+
+
+@pytest.mark.parametrize('config', ['[]', '{}', '{"method": "goat", "seed": 0}'])
+def test_run_config_that_is_not_a_run_config_is_named(run_copy, config):
+    """Valid JSON of the wrong shape in config.json is a CheckpointError naming the file and what it lacks (was a
+    KeyError / TypeError from the recipe for eval, and a --resume diff of every setting)."""
+    (run_copy / 'config.json').write_text(config)
+    before = snapshot(run_copy)
+    message = re.escape(f'run config {run_copy / "config.json"} is damaged: it lacks')
+    with pytest.raises(CheckpointError, match=message):
+        train(run_copy, '--resume')
+    with pytest.raises(CheckpointError, match=message):
+        spatial_vqa.main(['eval', str(run_copy), '--out', str(run_copy.parent / 'eval'), '--cpu'])
+    assert snapshot(run_copy) == before and not (run_copy.parent / 'eval').exists()
+
+
+@pytest.mark.parametrize('entry', [5, {'size': 1}, {'bytes': 1, 'sha256': 'x'}])
+def test_malformed_manifest_entry_is_named(run_copy, entry):
+    """A manifest entry that is not {bytes, sha256} of a file inside the checkpoint is a CheckpointError naming the
+    manifest and the entry (was a TypeError / KeyError), with the older checkpoint offered."""
+    latest = latest_checkpoint(run_copy)
+    name = '../config.json' if isinstance(entry, dict) and 'sha256' in entry else 'model.safetensors'
+    (latest / 'manifest.json').write_text(json.dumps({'files': {name: entry}}))
+    before = snapshot(run_copy)
+    with pytest.raises(CheckpointError, match=re.escape(f'checkpoint manifest {latest / "manifest.json"} is damaged: '
+                                                        f'entry {name!r}')) as info:
+        spatial_vqa.main(['eval', str(run_copy), '--out', str(run_copy.parent / 'eval'), '--cpu'])
+    assert 'checkpoint-00000002 is intact' in str(info.value)
+    with pytest.raises(CheckpointError, match=re.escape(f'entry {name!r}')):
+        train(run_copy, '--resume')
+    assert snapshot(run_copy) == before
 
 
 # ------------------------------------------------------------------- evaluation, best, early stop

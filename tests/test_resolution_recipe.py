@@ -169,6 +169,9 @@ def test_clear_errors(image_folder, wds_folder, tmp_path):
         recipe.main(_train_args(tmp_path / 'w2', f'wds:{wds_folder}', '--updates', '1', '--num-classes', '3',
                                 '--train-split', 'val'))
     assert not (tmp_path / 'w1').exists() and not (tmp_path / 'w2').exists()
+    with pytest.raises(ValueError, match=r'training samples < --batch-size 1000'):  # the loader, before config.json
+        recipe.main(_train_args(tmp_path / 'r3', str(image_folder), '--updates', '1', '--batch-size', '1000'))
+    assert not (tmp_path / 'r3').exists()
     with pytest.raises(ValueError, match=r'resolution 36 is not divisible by the patch size 8x8'):
         recipe.main(['eval', 'vit_tiny_patch16_goat_224', '--data', str(image_folder), '--size-overrides', TINY,
                      '--num-classes', '3', '--eval-res', '32', '36', '--out', str(tmp_path / 'e'), '--cpu'])
