@@ -164,6 +164,17 @@ def save_best(accelerator: Accelerator, model: nn.Module, out_dir: Path, update:
     tmp.rename(best)
 
 
+def check_finite_loss(loss: float, update: int, micro_batches: int, out_dir: Path) -> None:
+    """A diverged run stops with an error instead of training on and saving NaN weights as a result."""
+    if not math.isfinite(loss):
+        last_saved = latest_checkpoint(out_dir)
+        saved = f'the last checkpoint, {last_saved}, is from before' if last_saved else 'no checkpoint was saved'
+        raise FloatingPointError(
+            f'training loss is {loss} at update {update} (mean of the last {micro_batches} micro-batches): the run '
+            f'diverged and was stopped; {saved} (lower --lr, raise --warmup-frac or set --clip-grad, then start a '
+            f'new run)')
+
+
 def fit(
         accelerator: Accelerator,
         model: nn.Module,
@@ -310,15 +321,23 @@ def fit(
                 ema.update(accelerator.unwrap_model(model), step=state.update)
             progress.update(1)
             at_end = state.update >= total_updates
-            if state.update % log_every == 0 or at_end:
+            logging = state.update % log_every == 0 or at_end
+            evaluating = evaluate is not None and ((eval_every and state.update % eval_every == 0) or at_end)
+            saving = at_end or (checkpoint_every and state.update % checkpoint_every == 0) or (
+                stop_after is not None and state.update >= stop_after)
+            if logging or ((evaluating or saving) and losses_summed):
+                # read back at the log interval and before every evaluation or checkpoint, so diverged weights
+                # are never evaluated, kept as the best or saved
                 last_loss = accelerator.gather((loss_sum / max(1, losses_summed))[None]).float().mean().item()
+                check_finite_loss(last_loss, state.update, losses_summed, out_dir)
+            if logging:
                 loss_sum.zero_()
                 losses_summed = 0
                 progress.set_postfix(loss=f'{last_loss:.4f}')
                 if logger is not None:
                     logger.log(event='train', update=state.update, epoch=epoch, loss=last_loss,
                                lr=optimizer.param_groups[0]['lr'])
-            if evaluate is not None and ((eval_every and state.update % eval_every == 0) or at_end):
+            if evaluating:
                 stopped_early = run_evaluation() and not at_end
             stopping = stopped_early or (stop_after is not None and state.update >= stop_after)
             if at_end or stopping or (checkpoint_every and state.update % checkpoint_every == 0):

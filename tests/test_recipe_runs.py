@@ -338,6 +338,40 @@ def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_pat
             evaluate=evaluate, patience=1)
 
 
+@pytest.mark.parametrize('bad', [float('nan'), float('inf')])
+def test_fit_stops_a_diverged_run_before_saving_or_evaluating_it(tmp_path, bad):
+    """A non-finite training loss (here from update 3 on) stops the run with an error naming the update and the last
+    good checkpoint, at the next checkpoint / evaluation even between log intervals: nothing diverged is saved,
+    evaluated or kept as the best."""
+    from torch.utils.data import TensorDataset
+    from vision_priors.recipes.engine import fit, make_accelerator, train_loader
+
+    accelerator = make_accelerator(0, cpu=True)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = train_loader(TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,))), 8, seed=0)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    calls, evaluated = [0], []
+
+    def step_fn(model, batch):
+        calls[0] += 1
+        loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+        return loss * bad if calls[0] >= 3 else loss
+
+    def evaluate():
+        evaluated.append(calls[0])
+        return {'loss': 1.0}
+
+    message = re.escape(f' at update 4 (mean of the last 4 micro-batches): the run diverged and was stopped; the last '
+                        f'checkpoint, {tmp_path / "checkpoint-00000002"}, is from before')
+    with pytest.raises(FloatingPointError, match='training loss is (nan|inf)' + message):  # inf weights -> nan
+        fit(accelerator, model, optimizer, None, loader, None, 40, tmp_path, step_fn=step_fn, checkpoint_every=2,
+            log_every=100, eval_every=2, evaluate=evaluate, best_metric='loss')
+    assert evaluated == [2] and latest_checkpoint(tmp_path).name == 'checkpoint-00000002'
+    assert sorted(p.name for p in tmp_path.glob('checkpoint-*')) == ['checkpoint-00000002']
+    assert json.loads((tmp_path / 'best' / 'metrics.json').read_text())['update'] == 2
+
+
 def test_sweep_jobs_train_the_same_runs_in_worker_processes(tmp_path, monkeypatch):
     """``--jobs 2`` trains a sweep's runs in two spawned processes; every run ends with the weights it gets
     when the sweep trains one run at a time."""
