@@ -54,7 +54,8 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, to_json, train_sweep
+from .runs import (DATA_FINGERPRINT, RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders,
+                   to_json, train_sweep)
 
 BASELINE = 'linear'
 METHODS = (*CROSS_ATTENTIONS, BASELINE)  # a compare's rows: Informer with each cross-attention, the baseline
@@ -324,7 +325,8 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
                 if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'baseline')}
     settings.update(seq_len=dcfg['seq_len'], label_len=dcfg['label_len'])  # this run's lengths (per horizon)
     config = dict(method=method, seed=seed, lr=lr, model=mcfg, data=dcfg, columns=series.columns,
-                  borders=series.borders, parameters=sum(p.numel() for p in model.parameters()), args=settings)
+                  borders=series.borders, parameters=sum(p.numel() for p in model.parameters()), args=settings,
+                  data_fingerprint=data_fingerprints([dcfg['path']]))  # the CSV read (generated one included)
     loader = train_loader(series.split('train'), args.batch_size, seed, args.num_workers)
     updates_per_epoch = max(1, len(loader) // args.grad_accum)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
@@ -367,8 +369,10 @@ def weights_folder(run: Path) -> Path:
 
 
 def check_same_data(series: ForecastSeries, config: Dict[str, Any], run: str) -> None:
-    """The CSV a run is evaluated on still has the columns and split borders it was trained with (an edited,
-    truncated or extended file would silently move the test windows and the training-split scaling)."""
+    """For a run stored before data fingerprints (no ``data_fingerprint`` in its config; newer runs have their CSV
+    checked byte for byte by ``load_finished_run``): the CSV a run is evaluated on still has the columns and split
+    borders it was trained with (an edited, truncated or extended file would silently move the test windows and
+    the training-split scaling)."""
     stored = {k: config.get(k) for k in ('columns', 'borders')}
     found = to_json(dict(columns=series.columns, borders=series.borders))
     if found != stored:
@@ -387,7 +391,8 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, An
         model = build_model(config['model'])
         model.load_state_dict(loaded.state_dict)
         series = load_series(config['data'])
-        check_same_data(series, config, run)
+        if DATA_FINGERPRINT not in config:  # an older run: its columns / borders are what can be checked
+            check_same_data(series, config, run)
         model = accelerator.prepare(model)
         torch.manual_seed(config['seed'])  # ProbSparse samples keys at test time too
         pred, true = predict(model, eval_loader(series.split('test'), args.batch_size, accelerator,

@@ -49,7 +49,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, holds_run, load_finished_run, run_settings, sweep_folders, train_sweep
+from .runs import RunFolder, data_fingerprints, holds_run, load_finished_run, run_settings, sweep_folders, train_sweep
 
 CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16)
 # flags that never change what a run trains (evaluation settings, later stages' budgets)
@@ -193,8 +193,10 @@ def build_model(mcfg: Dict[str, Any]) -> nn.Module:
     return create_language_model(mcfg['attn'], **mcfg['overrides'])
 
 
-def load_model(run: Path, kind: str = 'lm'):
-    loaded = load_finished_run(Path(run), kind)
+def load_model(run: Path, kind: str = 'lm', reads: Optional[Sequence[str]] = None):
+    """(config, model) of a trained run; ``reads``: the run's data paths the caller reads (``load_finished_run``:
+    ``None`` all of them, checked unchanged; ``()`` none, e.g. a passkey fine-tuning starting from the weights)."""
+    loaded = load_finished_run(Path(run), kind, reads=reads)
     model = build_model(loaded.config['model'])
     model.load_state_dict(loaded.state_dict)
     return loaded.config, model
@@ -283,7 +285,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
     folder = RunFolder(out_dir, resume)
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     if task == 'passkey':
-        init_config, model = load_model(init_from)
+        init_config, model = load_model(init_from, reads=())  # synthetic prompts: the run's text is not read
         mcfg, dcfg = init_config['model'], init_config['data']
         train_set = PasskeyTask(dcfg['train_length'], args.passkey_updates * args.batch_size, seed)
         updates, lr = args.passkey_updates, args.passkey_lr
@@ -298,8 +300,11 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
         else:
             train_set = IndexTask(args.index_updates * args.batch_size, seed)
             updates, lr = args.index_updates, args.index_lr
+    # the text files read (none for the built-in corpus, the synthetic passkey prompts and indexing items)
+    text = dcfg.get('text') if task == 'lm' else None
     config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg, init_from=str(init_from) if init_from else None,
-                  parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args))
+                  parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
+                  data_fingerprint=data_fingerprints(text or []))
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
     total_updates = count_updates(updates, args.epochs, len(loader), args.grad_accum)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)
@@ -365,7 +370,7 @@ def run_ppl(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any
 def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path) -> List[Dict[str, Any]]:
     """Fine-tune each run on passkey prompts (``out/<attn>/seed<k>``), then test the length x depth grid."""
     device, rows = eval_device(args), []
-    configs = [load_finished_run(Path(run), 'lm').config for run in runs]
+    configs = [load_finished_run(Path(run), 'lm', reads=()).config for run in runs]  # its text is not read
     folders = [out / c['attn'] / f"seed{c['seed']}" for c in configs]
     cli.check_unique('the runs (method / seed pairs)', [f'{f.parent.name}/{f.name}' for f in folders])
     taken = [str(f) for f in folders if holds_run(f)]

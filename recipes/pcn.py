@@ -59,7 +59,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, render_clouds, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
+from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 CROSS_ATTENTIONS = ('vanilla', 'lavo')
 METRICS = ('cd_l1', 'cd_l2', 'f_score')  # CD x 1000 (lower is better), F-score@0.01 (higher is better)
@@ -270,7 +270,8 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
     mcfg = model_config(args, cross_attn)
     model = build_model(mcfg)
     config = dict(cross_attn=cross_attn, seed=seed, model=mcfg, data=dcfg, categories=train_set.categories,
-                  parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args))
+                  parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
+                  data_fingerprint=data_fingerprints([dcfg['root']]))  # the PCN folder (built-in one included)
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
@@ -300,8 +301,10 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
 
 # ------------------------------------------------------------------------------------------ eval
 
-def load_model(run: Path):
-    loaded = load_finished_run(Path(run), 'pcn')
+def load_model(run: Path, reads: Optional[Sequence[str]] = None):
+    """(config, model) of a trained run; ``reads``: the run's data paths the caller reads (``load_finished_run``:
+    ``None`` all, checked unchanged; ``()`` none, e.g. ``complete`` on scans of its own)."""
+    loaded = load_finished_run(Path(run), 'pcn', reads=reads)
     model = build_model(loaded.config['model'])
     model.load_state_dict(loaded.state_dict)
     return loaded.config, model
@@ -407,7 +410,7 @@ def run_complete(args: argparse.Namespace) -> List[Dict[str, Any]]:
     run's number of partial points, predict, map back, write ``<name>_completion.pcd`` and a render."""
     from .data.pcn import write_pcd
 
-    config, model = load_model(Path(args.run))
+    config, model = load_model(Path(args.run), reads=())  # the inputs are the user's scans, not the run's data
     device = torch.device('cuda' if torch.cuda.is_available() and not args.cpu else 'cpu')
     model.to(device).eval()
     out_dir = Path(args.out)

@@ -55,14 +55,15 @@ from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 from . import cli
 from .checkpoints import write_json_atomic
 from .data.builtin_scenes import TASKS, RenderedScenes, SpatialScenes
-from .data.image_folders import StrictImages, data_kind, wds_root
+from .data import image_pools
+from .data.image_folders import WDS_PREFIX, StrictImages, data_kind, wds_root
 from .data.image_pools import PoolImages, cifar10_pools
 from .engine import (close_distributed, cosine_schedule, count_updates, evaluate_classifier, fit, make_accelerator,
                      train_loader)
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, markdown_table, mean_std, write_results
-from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
+from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 DEFAULT_MODELS = [
     'vit_tiny_patch16_224',            # learned absolute embedding (timm), resampled bicubically
@@ -193,6 +194,22 @@ def validate(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------ data
+
+def data_paths(data: Optional[str]) -> List[str]:
+    """The folder or file ``--data`` reads (fingerprinted in a run's config, checked again by ``eval``): the image
+    folder, the webdataset folder, the CIFAR-10 folder or ``.npz`` (``cifar10``: the downloaded batches); none for
+    the built-in scenes (rendered in memory)."""
+    kind = data_kind(data)
+    if kind == 'builtin':
+        return []
+    if kind == 'wds':
+        return [data[len(WDS_PREFIX):]]
+    if kind == 'cifar10':
+        prefix = image_pools.CIFAR10_PREFIX + ':'
+        return ([data[len(prefix):]] if data.startswith(prefix)
+                else [str(Path(image_pools.CIFAR10_DOWNLOAD_ROOT) / 'cifar-10-batches-py')])
+    return [data]
+
 
 def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
     num = args.train_samples if split == 'train' else args.val_samples
@@ -378,7 +395,7 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     model = build_model(name, kwargs)
     init_abs_pos_embed(model, args.abs_pos_init)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
-                  args=run_settings(args))
+                  args=run_settings(args), data_fingerprint=data_fingerprints(data_paths(args.data)))
     if map_style:
         loader = train_loader(train_data, args.batch_size, seed, args.num_workers)
     else:  # webdataset: split per rank by timm's reader, never re-split by prepare
@@ -416,10 +433,14 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
 
 # ------------------------------------------------------------------------------------------ eval
 
-def load_for_eval(source: str, args: argparse.Namespace) -> Tuple[str, nn.Module, Dict[str, Any]]:
-    """A run folder, checkpoint folder or ``best`` folder, or a model name -> (label, model, config)."""
+def load_for_eval(source: str, args: argparse.Namespace,
+                  reads: Sequence[str] = ()) -> Tuple[str, nn.Module, Dict[str, Any]]:
+    """A run folder, checkpoint folder or ``best`` folder, or a model name -> (label, model, config).
+
+    ``reads``: the data paths the command reads (``data_paths(--data)`` of ``eval``, which evaluates on its own
+    ``--data``): a run's stored fingerprint of one of them must match (``load_finished_run``); others are not read."""
     if Path(source).exists():
-        run = load_finished_run(Path(source), 'resolution_extrapolation')
+        run = load_finished_run(Path(source), 'resolution_extrapolation', reads=reads)
         kwargs = dict(run.config['model_kwargs'], img_size=tuple(run.config['model_kwargs']['img_size']))
         model = build_model(run.config['model'], kwargs)
         model.load_state_dict(run.state_dict)
@@ -435,7 +456,7 @@ def run_eval(args: argparse.Namespace, sources: Sequence[str]) -> List[Dict[str,
     accelerator = make_accelerator(0, mixed_precision=args.amp, cpu=args.cpu)
     rows = []
     for source in sources:
-        label, model, config = load_for_eval(source, args)
+        label, model, config = load_for_eval(source, args, reads=data_paths(args.data))
         for res in args.eval_res:
             check_resolution(model, res, label)
         model = accelerator.prepare(model)

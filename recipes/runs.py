@@ -8,6 +8,10 @@ or compares it with the stored one (``--resume``): any difference outside the ke
 to change is an error listing the keys, and the folder is left untouched. A sweep with ``--resume``
 first takes every run that holds one through these checks (:func:`check_resumed_runs`), so a changed
 setting stops the sweep before any of its runs trains.
+
+Data: a run's config stores the fingerprints of the data files it reads (``data_fingerprint``,
+``fingerprint.py``). ``--resume`` refuses data that changed since (the error names the file and what changed), and
+:func:`load_finished_run` checks them before any evaluation (:func:`fingerprint.check_data_unchanged`).
 """
 import contextlib
 import json
@@ -21,6 +25,8 @@ import torch
 
 from .cli import check_folder, check_unique
 from .checkpoints import LATEST, CheckpointError, latest_checkpoint, load_weights, read_json, write_json_atomic
+from .fingerprint import (DATA_FINGERPRINT, check_data_unchanged, check_stored_fingerprints, data_fingerprints,
+                          fingerprint_changes)
 
 CONFIG = 'config.json'
 # flags that never change what a run computes: a resumed run may use other values
@@ -79,7 +85,8 @@ def settings_check_only() -> Iterator[None]:
         _CHECK_ONLY[0] = False
 
 
-# what every recipe's config.json holds (the recipes add their own keys)
+# what every recipe's config.json holds (the recipes add their own keys; a new run also holds DATA_FINGERPRINT,
+# which runs stored before it existed lack)
 CONFIG_KEYS = ('model', 'seed', 'data', 'args')
 
 
@@ -122,22 +129,36 @@ class RunFolder:
             latest_checkpoint(self.path)  # a damaged pointer or checkpoint fails now, before any work
 
     def commit(self, config: Dict[str, Any], may_change: Sequence[str] = (), write: bool = True) -> None:
-        """New run: write ``config.json``. Resume: refuse any difference outside ``may_change``; write nothing.
+        """New run: write ``config.json``. Resume: refuse any difference outside ``may_change``, and data whose
+        fingerprints (``config['data_fingerprint']``) changed; write nothing.
 
-        ``write`` is False on the non-main processes of a launched run.
+        ``write`` is False on the non-main processes of a launched run. A stored config without fingerprints (a run
+        from before they existed) resumes as before: there is nothing to compare the data with.
         """
-        missing = [k for k in CONFIG_KEYS if k not in config]
-        if missing:  # a recipe's bug: what it stores must read back through read_config
+        # a recipe's bug: what it stores must read back through read_config, with its data's fingerprints ({} when
+        # it reads no data file)
+        missing = [k for k in (*CONFIG_KEYS, DATA_FINGERPRINT) if k not in config]
+        if missing:
             raise KeyError(f'run config for {self.path} lacks {", ".join(map(repr, missing))}')
         if self.resume:
-            diff = config_differences(self.stored, config, may_change)
+            stored, new = dict(self.stored), dict(config)
+            stored_data, new_data = stored.pop(DATA_FINGERPRINT, None), new.pop(DATA_FINGERPRINT, None)
+            problems = []
+            if stored_data is not None:
+                check_stored_fingerprints(stored_data, self.path / CONFIG)
+                changes = fingerprint_changes(stored_data, to_json(new_data or {}))
+                if changes:
+                    problems.append(f'the data changed since the run in {self.path} was trained ({"; ".join(changes)})')
+            diff = config_differences(stored, new, may_change)
             if diff:
-                flat_old, flat_new = _flatten(to_json(self.stored)), _flatten(to_json(config))
+                flat_old, flat_new = _flatten(to_json(stored)), _flatten(to_json(new))
                 details = '; '.join(f'{k}: {flat_old.get(k, "<absent>")!r} -> {flat_new.get(k, "<absent>")!r}'
                                     for k in diff)
-                raise ValueError(f'--resume: the settings differ from those of the run in {self.path} ({details}). '
-                                 f'Resume with the stored settings ({self.path / CONFIG}) or start a new run '
-                                 f'with another --out')
+                problems.append(f'the settings differ from those of the run in {self.path} ({details})')
+            if problems:
+                raise ValueError(f'--resume: {"; and ".join(problems)}. Resume with the stored settings '
+                                 f'({self.path / CONFIG}) on the data it was trained on, or start a new run with '
+                                 f'another --out')
         if _CHECK_ONLY[0]:
             raise SettingsChecked(str(self.path))
         if self.resume:
@@ -155,12 +176,17 @@ class FinishedRun(NamedTuple):
     state_dict: Dict[str, torch.Tensor]
 
 
-def load_finished_run(source: Path, kind: str) -> FinishedRun:
-    """A run folder (its latest checkpoint), a checkpoint folder or a run's ``best`` folder, verified.
+def load_finished_run(source: Path, kind: str, reads: Optional[Iterable[Any]] = None) -> FinishedRun:
+    """A run folder (its latest checkpoint), a checkpoint folder or a run's ``best`` folder, verified: the config,
+    the checkpoint's manifest and the run's data (the stored fingerprints against the files as they are now,
+    :func:`fingerprint.check_data_unchanged`; a changed file is a ValueError naming it).
 
     Args:
         source: The folder.
         kind: The recipe's name for messages (e.g. 'spatial_vqa').
+        reads: The data paths the command reads: ``None`` (default) the run's own data, all checked; else only
+            the stored paths among these are (``()``: the command reads none of the run's data, e.g. a fine-tuning
+            that starts from its weights, or an ``eval`` given another data source).
     """
     source = Path(source)
     if not source.is_dir():
@@ -172,6 +198,7 @@ def load_finished_run(source: Path, kind: str) -> FinishedRun:
     checkpoint = latest_checkpoint(source) if source == run_dir else source
     if checkpoint is None:
         raise FileNotFoundError(f'{source}: no trained weights ({LATEST} missing); train it first')
+    check_data_unchanged(config, run_dir, reads)
     return FinishedRun(run_dir, config, checkpoint, load_weights(checkpoint))
 
 
@@ -268,7 +295,7 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
             raise errors[0]
 
 
-__all__ = ['CONFIG', 'CONFIG_KEYS', 'CheckpointError', 'FinishedRun', 'RunFolder', 'SettingsChecked', 'check_resumed_runs',
-           'config_differences', 'holds_run',
-           'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders', 'sweep_jobs',
-           'to_json', 'train_sweep']
+__all__ = ['CONFIG', 'CONFIG_KEYS', 'DATA_FINGERPRINT', 'CheckpointError', 'FinishedRun', 'RunFolder',
+           'SettingsChecked', 'check_resumed_runs', 'config_differences', 'data_fingerprints', 'holds_run',
+           'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders',
+           'sweep_jobs', 'to_json', 'train_sweep']

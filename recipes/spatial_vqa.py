@@ -121,7 +121,7 @@ from .engine import close_distributed, cosine_schedule, count_updates, fit, make
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
 from .report import format_cell, mean_std, write_results
-from .runs import RunFolder, load_finished_run, run_settings, sweep_folders, train_sweep
+from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
@@ -347,7 +347,8 @@ def run_train(args: argparse.Namespace, method: str, seed: int, out_dir: Path, r
     mcfg = model_config(args, method, len(vocab))
     model = build_model(mcfg)
     config = dict(method=method, seed=seed, model=mcfg, data=dcfg, vocab=vocab.tokens,
-                  parameters=count_parameters(model), args=run_settings(args))
+                  parameters=count_parameters(model), args=run_settings(args),
+                  data_fingerprint=data_fingerprints([dcfg['data']]))  # CIFAR folder / npz; built-in: in memory
     loader = train_loader(sets['train'], args.batch_size, seed, args.num_workers)
     total_updates = count_updates(args.updates, args.epochs, len(loader), args.grad_accum)
     optimizer = make_optimizer(model, args)
@@ -381,8 +382,10 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str], overrides: Dict[str,
     """Evaluate each run on its seen and unseen test scenes (``overrides``: data config entries to replace)."""
     accelerator = make_accelerator(0, mixed_precision=args.amp, cpu=args.cpu)
     rows = []
+    # --data given: the stored data are not read (unless it names the same path, which is then checked)
+    reads = None if overrides.get('data') is None else [overrides['data']]
     for run in runs:
-        loaded = load_finished_run(Path(run), 'spatial_vqa')
+        loaded = load_finished_run(Path(run), 'spatial_vqa', reads=reads)
         config = loaded.config
         model = build_model(config['model'])
         model.load_state_dict(loaded.state_dict)

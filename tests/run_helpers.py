@@ -8,6 +8,21 @@ from safetensors.torch import load_file
 from vision_priors.recipes.checkpoints import latest_checkpoint
 
 
+def snapshot(folder: Path) -> Dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (empty when the folder does not exist)."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def drop_data_fingerprint(run: Path) -> None:
+    """Make ``run`` look like a run stored before data fingerprints: its config without ``data_fingerprint``."""
+    import json
+    path = Path(run) / 'config.json'
+    config = json.loads(path.read_text())
+    config.pop('data_fingerprint')
+    path.write_text(json.dumps(config))
+
+
 def final_weights(run: Path) -> Dict[str, torch.Tensor]:
     """The weights of a run folder's latest checkpoint."""
     return load_file(str(latest_checkpoint(run) / 'model.safetensors'))
@@ -33,6 +48,7 @@ def train_with_settings(args, name: str, seed: int, run_dir: Path, resume: bool)
     ``commit`` of ``args.setting``), then writes a marker counting how often it trained."""
     from vision_priors.recipes.runs import RunFolder
     folder = RunFolder(Path(run_dir), resume)
-    folder.commit(dict(name=name, seed=seed, model=name, data=None, args=dict(setting=args.setting)))
+    folder.commit(dict(name=name, seed=seed, model=name, data=None, data_fingerprint={},
+                       args=dict(setting=args.setting)))
     marker = Path(run_dir) / 'trained.txt'
     marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))

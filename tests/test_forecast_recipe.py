@@ -1,5 +1,7 @@
 """Forecast recipe on the shared layer: train, kill + resume (bit-exact), eval, compare, metrics, schedule, errors."""
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from run_helpers import assert_same_final_weights
+from run_helpers import assert_same_final_weights, drop_data_fingerprint, snapshot
 from vision_priors.recipes import forecast as recipe
 from vision_priors.recipes.data.ett import write_ett_csv
 
@@ -155,13 +157,56 @@ def test_patience_follows_validation(tiny_csv, tmp_path):
         recipe.main(['train', *tiny(tiny_csv), '--eval-every', '0', '--patience', '2', '--out', str(tmp_path / 's')])
 
 
-def test_eval_refuses_a_csv_that_changed_since_training(tiny_csv, tmp_path):
-    """eval re-reads the run's CSV: rows cut off (or added, or other columns) would move the test windows and the
-    scaling; the stored columns / borders are compared and a change is an error naming the file, nothing written."""
+def test_changed_csv_refuses_resume_and_eval_naming_the_file(tiny_csv, tmp_path):
+    """The run's CSV fingerprint (size + SHA-256) is in its config: a truncated or edited file (even one keeping its
+    size, columns and borders) refuses --resume and eval, naming the file and what changed, with the run folder
+    byte-for-byte unchanged and nothing written; the original bytes back, the run resumes and evaluates."""
+    csv = tmp_path / 'copy.csv'
+    original = tiny_csv.read_bytes()
+    csv.write_bytes(original)
+    run, evaluation = tmp_path / 'run', tmp_path / 'eval'
+    common = ['train', *tiny(csv), '--updates', '2', '--checkpoint-every', '1', '--eval-every', '0', '--out', str(run)]
+    recipe.main([*common, '--stop-after', '1'])
+    stored = json.loads((run / 'config.json').read_text())['data_fingerprint']
+    assert stored == {str(csv): dict(kind='file', bytes=len(original), sha256=hashlib.sha256(original).hexdigest())}
+    before = snapshot(run)
+    lines = original.decode().splitlines(keepends=True)
+    edits = {'truncated': ''.join(lines[:251]),  # 250 of the 300 rows
+             'one digit': _edit_one_digit(original.decode())}
+    for name, text in edits.items():
+        csv.write_text(text)
+        what = 'bytes ' if name == 'truncated' else 'sha256 '
+        with pytest.raises(ValueError, match=re.escape(f'the data changed since the run in {run} was trained '
+                                                       f'({csv}: ') + '.*' + what):
+            recipe.main([*common, '--resume'])
+        with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {csv}: ')
+                           + '.*' + what):
+            recipe.main(['eval', str(run), '--out', str(evaluation), '--cpu', '--threads', '1'])
+        assert snapshot(run) == before and not evaluation.exists()
+    csv.write_bytes(original)
+    recipe.main([*common, '--resume'])
+    assert json.loads((run / 'latest.json').read_text())['step'] == 2
+    recipe.main(['eval', str(run), '--out', str(evaluation), '--cpu', '--threads', '1'])
+    assert (evaluation / 'results.json').exists()
+
+
+def _edit_one_digit(text: str) -> str:
+    """``text`` with the first digit of its second line changed (same size, columns and borders)."""
+    first, second, rest = text.split('\n', 2)
+    index = next(i for i, c in enumerate(second) if c.isdigit() and i > second.index(','))
+    second = second[:index] + ('1' if second[index] != '1' else '2') + second[index + 1:]
+    return '\n'.join([first, second, rest])
+
+
+def test_run_stored_before_fingerprints_still_evaluates_with_the_column_check(tiny_csv, tmp_path):
+    """A config without data_fingerprint (an older run) evaluates as before, and its stored columns / borders are
+    still compared (``check_same_data``): a CSV that lost rows or renamed a column is an error naming the file."""
     csv = tmp_path / 'copy.csv'
     csv.write_text(tiny_csv.read_text())
     run = tmp_path / 'run'
     recipe.main(['train', *tiny(csv), '--updates', '1', '--eval-every', '0', '--out', str(run)])
+    drop_data_fingerprint(run)
+    recipe.main(['eval', str(run), '--out', str(tmp_path / 'ok'), '--cpu', '--threads', '1'])
     lines = csv.read_text().splitlines(keepends=True)
     csv.write_text(''.join(lines[:251]))  # 250 of the 300 rows
     with pytest.raises(ValueError, match=f"{csv}: the data changed since run {run} was trained .*borders"):

@@ -2,6 +2,7 @@
 index metrics, a tiny compare, and the recipe's own bad inputs (rejected before any folder is written)."""
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,53 @@ def test_passkey_jobs_fine_tune_in_worker_processes(tmp_path):
     for name in ('goat', 'rope'):
         assert_same_final_weights(tmp_path / 'one' / name / 'seed0', tmp_path / 'two' / name / 'seed0')
     assert [r['cells'] for r in one['rows']] == [r['cells'] for r in two['rows']]
+
+
+@pytest.fixture
+def text_run(tmp_path):
+    """An LM run on a text file the test wrote (80 KB of pydoc prose), stopped after 1 of 2 updates."""
+    from vision_priors.recipes.data.text import builtin_corpus
+    text = tmp_path / 'corpus.txt'
+    text.write_bytes(b'\n'.join(d.data for d in builtin_corpus())[:80_000])
+    out = tmp_path / 'train'
+    common = ['train', '--methods', 'rope', *tiny(), '--text', str(text), '--updates', '2', '--checkpoint-every', '1',
+              '--out', str(out)]
+    recipe.main([*common, '--stop-after', '1'])
+    return out / 'rope' / 'seed0', text, common
+
+
+def test_changed_text_refuses_resume_and_ppl_naming_the_file(text_run, tmp_path):
+    """The --text file's fingerprint is in the run's config: the file edited (same size) refuses --resume and ppl,
+    naming it, with the run folder byte-for-byte unchanged and nothing written; passkey, which fine-tunes on
+    synthetic prompts and reads no text, is not refused; the original bytes back, the run resumes and ppl runs."""
+    from run_helpers import snapshot
+    run, text, common = text_run
+    original = text.read_bytes()
+    stored = json.loads((run / 'config.json').read_text())['data_fingerprint']
+    assert list(stored) == [str(text)] and stored[str(text)]['bytes'] == len(original)
+    text.write_bytes(original.replace(b'the', b'THE', 1))
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since the run in {run} was trained ({text}: '
+                                                   f'sha256 ')):
+        recipe.main([*common, '--resume'])
+    ppl = ['ppl', str(run), '--multiples', '1', '--eval-windows', '1', '--cpu', '--out', str(tmp_path / 'ppl')]
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {text}: sha256 ')):
+        recipe.main(ppl)
+    assert snapshot(run) == before and not (tmp_path / 'ppl').exists()
+    recipe.main(['passkey', str(run), '--passkey-updates', '1', '--multiples', '1', '--depths', '0.5',
+                 '--passkey-samples', '1', '--cpu', '--batch-size', '2', '--out', str(tmp_path / 'pk')])
+    assert json.loads((tmp_path / 'pk' / 'rope' / 'seed0' / 'config.json').read_text())['data_fingerprint'] == {}
+    text.write_bytes(original)
+    recipe.main([*common, '--resume'])
+    assert json.loads((run / 'latest.json').read_text())['step'] == 2
+    assert recipe.main(ppl)['rows'][0]['ppl']['1']['ppl'] > 1
+
+
+def test_lm_run_without_fingerprints_still_evaluates(text_run, tmp_path):
+    """A config without data_fingerprint (a run stored before them) loads and evaluates as before."""
+    from run_helpers import drop_data_fingerprint
+    run, _, _ = text_run
+    drop_data_fingerprint(run)
+    rows = recipe.main(['ppl', str(run), '--multiples', '1', '--eval-windows', '1', '--cpu',
+                        '--out', str(tmp_path / 'ppl')])['rows']
+    assert rows[0]['attn'] == 'rope'

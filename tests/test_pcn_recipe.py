@@ -1,5 +1,6 @@
 """PCN completion recipe on the shared layer: train, kill + resume (bit-exact), eval tables, compare, complete, errors."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,27 @@ def test_sampling_floor_hand_checked(tmp_path):
     assert floor['by_category']['lamp']['cd_l1'] == pytest.approx(20.0, rel=1e-5)
     assert floor['by_category']['lamp']['f_score'] == pytest.approx(0.0)
     assert floor['overall']['cd_l1'] == pytest.approx(12.5, rel=1e-5)
+
+
+def test_changed_data_folder_refuses_eval_naming_it(builtin_root, tmp_path):
+    """The built-in data folder, generated onto disk, is fingerprinted like --data: a file added to it afterwards
+    refuses eval naming the folder and the file count, with nothing written; complete (the user's own scans) is
+    not refused; the folder restored, eval runs."""
+    run = tmp_path / 'run'
+    recipe.main(['train', '--cross-attn', 'vanilla', *tiny(builtin_root), '--updates', '1', '--out', str(run)])
+    root, stored = next(iter(json.loads((run / 'config.json').read_text())['data_fingerprint'].items()))
+    assert Path(root).parent == builtin_root and stored['kind'] == 'folder'
+    extra = Path(root) / 'test' / 'extra.txt'
+    extra.write_text('not a point cloud')
+    try:
+        with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {root}: files '
+                                                       f'{stored["files"]} -> {stored["files"] + 1}')):
+            recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--renders', '0'])
+        assert not (tmp_path / 'eval').exists()
+        scan = tmp_path / 'scan.pcd'
+        write_pcd(scan, np.random.default_rng(0).random((100, 3)).astype(np.float32))
+        recipe.main(['complete', str(run), str(scan), '--out', str(tmp_path / 'done'), '--cpu'])
+    finally:
+        extra.unlink()
+    recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--renders', '0'])
+    assert (tmp_path / 'eval' / 'results.json').exists()

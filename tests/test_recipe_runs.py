@@ -4,7 +4,6 @@ tiny run and asserts the error and that the run folder is byte-for-byte unchange
 import json
 import re
 from pathlib import Path
-from typing import Dict
 
 import pytest
 import torch
@@ -14,17 +13,12 @@ from vision_priors.recipes import resolution_extrapolation
 from vision_priors.recipes.checkpoints import CheckpointError, latest_checkpoint, verify_checkpoint
 from vision_priors.recipes.cli import check_amp
 from vision_priors.recipes.report import format_cell, markdown_table, mean_std
+from run_helpers import snapshot
 from vision_priors.recipes.runs import config_differences
 
 TINY = ['--embed-dim', '32', '--depth', '1', '--num-heads', '2', '--patch-size', '16',
         '--synthetic-per-class', '6', '3', '--train-scenes', '32', '--test-scenes', '8', '--batch-size', '8',
         '--cpu', '--threads', '1']
-
-
-def snapshot(folder: Path) -> Dict[str, bytes]:
-    """Every file under ``folder`` with its bytes (empty when the folder does not exist)."""
-    folder = Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
 
 
 def train(out: Path, *extra: str, method: str = 'goat'):
@@ -289,6 +283,128 @@ def test_compare_rejects_duplicates_and_taken_folders_up_front(tmp_path):
     with pytest.raises(FileExistsError, match=r'1 run folder\(s\) already hold a run'):
         spatial_vqa.main(['compare', '--methods', 'goat', 'nope', '--out', str(out), '--updates', '4', *TINY])
     assert snapshot(out) == before
+
+
+# ------------------------------------------------------------------------------ data fingerprints
+
+def test_data_fingerprint_of_a_file_a_folder_and_a_missing_path(tmp_path):
+    """A file: size + SHA-256 of its bytes; a folder: file count, total size and a hash of the (relative path,
+    size) listing, not of the contents; a missing path is a FileNotFoundError naming it."""
+    import hashlib
+    from vision_priors.recipes.fingerprint import data_fingerprint, data_fingerprints
+    file = tmp_path / 'a.csv'
+    file.write_bytes(b'x,y\n1,2\n')
+    assert data_fingerprint(file) == dict(kind='file', bytes=8, sha256=hashlib.sha256(b'x,y\n1,2\n').hexdigest())
+    folder = tmp_path / 'data'
+    (folder / 'sub').mkdir(parents=True)
+    (folder / 'sub' / 'b.bin').write_bytes(b'1234')
+    (folder / 'c.txt').write_bytes(b'hello')
+    first = data_fingerprint(folder)
+    assert first['kind'] == 'folder' and first['files'] == 2 and first['bytes'] == 9
+    (folder / 'c.txt').write_bytes(b'HELLO')  # same size, other contents: a folder's listing is unchanged
+    assert data_fingerprint(folder) == first
+    (folder / 'c.txt').write_bytes(b'hello!')
+    assert data_fingerprint(folder)['sha256'] != first['sha256'] and data_fingerprint(folder)['bytes'] == 10
+    (folder / 'c.txt').write_bytes(b'hello')
+    (folder / 'sub' / 'b.bin').rename(folder / 'b.bin')  # same files and sizes, another layout
+    assert data_fingerprint(folder)['sha256'] != first['sha256']
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / 'nowhere'))):
+        data_fingerprint(tmp_path / 'nowhere')
+    assert data_fingerprints([None]) == {} and list(data_fingerprints([file, folder])) == [str(file), str(folder)]
+
+
+def test_check_data_unchanged_names_the_file_and_what_changed(tmp_path):
+    from vision_priors.recipes.fingerprint import check_data_unchanged, data_fingerprints
+    a, b = tmp_path / 'a.txt', tmp_path / 'b.txt'
+    a.write_text('abc')
+    b.write_text('def')
+    config = dict(data_fingerprint=data_fingerprints([a, b]))
+    check_data_unchanged(config, 'RUN')
+    a.write_text('abcd')
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since run RUN was trained: {a}: bytes 3 -> 4, '
+                                                   f'sha256 ')) as info:
+        check_data_unchanged(config, 'RUN')
+    assert str(b) not in str(info.value)
+    check_data_unchanged(config, 'RUN', reads=[b])  # the command reads only b (e.g. eval --data b)
+    check_data_unchanged(config, 'RUN', reads=())  # or none of the run's data
+    with pytest.raises(ValueError, match=re.escape(str(a))):
+        check_data_unchanged(config, 'RUN', reads=[tmp_path / '.' / 'a.txt'])  # the same file, spelt otherwise
+    b.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(f'{b}: the data of run RUN no longer exist')):
+        check_data_unchanged(config, 'RUN', reads=[b])
+    check_data_unchanged({}, 'RUN')  # a run stored before fingerprints: nothing to check
+    with pytest.raises(ValueError, match=r'config\.json is damaged: data_fingerprint must map'):
+        check_data_unchanged(dict(data_fingerprint=[1]), tmp_path)
+
+
+def test_resume_of_a_run_stored_before_fingerprints_is_not_refused(tmp_path):
+    """An older run (no data_fingerprint in config.json) resumes as before; a new config must store one."""
+    from vision_priors.recipes.runs import RunFolder
+    run = tmp_path / 'run'
+    config = dict(model='m', seed=0, data='d', args={})
+    RunFolder(run, False).commit(dict(config, data_fingerprint={}))
+    (run / 'config.json').write_text(json.dumps(config))
+    RunFolder(run, True).commit(dict(config, data_fingerprint={'d': dict(kind='file', bytes=1, sha256='x')}))
+    with pytest.raises(KeyError, match="lacks 'data_fingerprint'"):
+        RunFolder(tmp_path / 'other', False).commit(config)
+    assert not (tmp_path / 'other').exists()
+
+
+@pytest.fixture
+def npz_run(tmp_path):
+    """A spatial VQA run on an .npz the test made, stopped after 2 of 4 updates; (run, npz, original bytes)."""
+    import numpy as np
+    npz = tmp_path / 'pool.npz'
+    rng = np.random.default_rng(0)
+    np.savez(npz, images=rng.integers(0, 256, (60, 32, 32, 3), dtype=np.uint8), labels=np.arange(60) % 10)
+    run = tmp_path / 'run'
+    train(run, '--data', str(npz), '--stop-after', '2')
+    return run, npz, npz.read_bytes()
+
+
+def test_changed_npz_refuses_resume_and_eval_naming_the_file(npz_run, tmp_path):
+    """The run's .npz rewritten (other pixels, same shape) after training: --resume and eval are errors naming the
+    file and what changed, with the run folder byte-for-byte unchanged and no evaluation written; eval --data on
+    another source is not refused; the original bytes back, the run resumes and evaluates."""
+    import numpy as np
+    run, npz, original = npz_run
+    config = json.loads((run / 'config.json').read_text())
+    assert list(config['data_fingerprint']) == [str(npz)] and config['data_fingerprint'][str(npz)]['kind'] == 'file'
+    images = np.load(npz)['images']
+    np.savez(npz, images=255 - images, labels=np.arange(60) % 10)
+    assert npz.stat().st_size == len(original)  # same size: only the hash tells
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=re.escape(f'--resume: the data changed since the run in {run} was trained '
+                                                   f'({npz}: sha256 ')):
+        train(run, '--data', str(npz), '--resume')
+    assert snapshot(run) == before
+    evaluation = tmp_path / 'eval'
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {npz}: sha256 ')):
+        spatial_vqa.main(['eval', str(run), '--out', str(evaluation), '--cpu'])
+    with pytest.raises(ValueError, match=re.escape(str(npz))):  # --data naming the same file is checked too
+        spatial_vqa.main(['eval', str(run), '--data', str(npz), '--out', str(evaluation), '--cpu'])
+    assert snapshot(run) == before and not evaluation.exists()
+    other = tmp_path / 'other.npz'  # an explicit other source: the user's choice, not the run's data
+    np.savez(other, images=images, labels=np.arange(60) % 10)
+    rows = spatial_vqa.main(['eval', str(run), '--data', str(other), '--out', str(tmp_path / 'other_eval'),
+                             '--cpu'])['rows']
+    assert rows[0]['seen']['n'] > 0
+    npz.write_bytes(original)
+    train(run, '--data', str(npz), '--resume')
+    assert latest_checkpoint(run).name == 'checkpoint-00000004'
+    spatial_vqa.main(['eval', str(run), '--out', str(evaluation), '--cpu'])
+    assert (evaluation / 'results.json').exists()
+
+
+def test_run_without_fingerprints_still_evaluates(npz_run, tmp_path):
+    """A config without data_fingerprint (a run stored before them) loads and evaluates as before."""
+    from run_helpers import drop_data_fingerprint
+    run, npz, _ = npz_run
+    drop_data_fingerprint(run)
+    rows = spatial_vqa.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu'])['rows']
+    assert rows[0]['seen']['n'] > 0
+    train(run, '--data', str(npz), '--resume')  # and resumes
+    assert latest_checkpoint(run).name == 'checkpoint-00000004'
 
 
 # ---------------------------------------------------------------------------------------- helpers

@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -274,3 +275,33 @@ def test_cifar10_data_trains_and_evaluates_at_larger_resolutions(tmp_path, monke
     monkeypatch.setattr('torchvision.datasets.CIFAR10', Offline)
     with pytest.raises(RuntimeError, match=r'downloading CIFAR-10 into .* failed .*network is unreachable.*cifar10:FOLDER'):
         image_pools.cifar10_pools('cifar10', 0, download_root=tmp_path / 'download')
+
+
+def test_changed_image_folder_refuses_resume_and_eval_on_it(image_folder, tmp_path):
+    """The training folder's fingerprint (its listing: files and sizes) is in the run's config: an image added to it
+    refuses --resume and an eval with --data naming it (the error names the folder and the file count), run folder
+    unchanged and nothing written; eval on another --data source is the user's choice and runs."""
+    import shutil
+    from run_helpers import snapshot
+    data = tmp_path / 'data'
+    shutil.copytree(image_folder, data)
+    run = tmp_path / 'run'
+    common = _train_args(run, str(data), '--updates', '2', '--checkpoint-every', '1', '--threads', '1')
+    recipe.main([*common, '--stop-after', '1'])
+    stored = json.loads((run / 'config.json').read_text())['data_fingerprint'][str(data)]
+    assert stored['kind'] == 'folder' and stored['files'] == 36
+    shutil.copy(data / 'val' / 'circle' / '0.jpg', data / 'val' / 'circle' / 'extra.jpg')
+    before = snapshot(run)
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since the run in {run} was trained ({data}: '
+                                                   f'files 36 -> 37, bytes ')):
+        recipe.main([*common, '--resume'])
+    evaluation = ['eval', str(run), '--eval-res', '32', '--batch-size', '4', '--cpu', '--threads', '1']
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {data}: files 36 '
+                                                   f'-> 37')):
+        recipe.main([*evaluation, '--data', str(data), '--out', str(tmp_path / 'eval')])
+    assert snapshot(run) == before and not (tmp_path / 'eval').exists()
+    rows = recipe.main([*evaluation, '--data', str(image_folder), '--out', str(tmp_path / 'other')])['rows']
+    assert rows[0]['samples'] == 12
+    (data / 'val' / 'circle' / 'extra.jpg').unlink()
+    recipe.main([*common, '--resume'])
+    assert json.loads((run / 'latest.json').read_text())['step'] == 2
