@@ -11,11 +11,12 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
 AMP_CHOICES = ('no', 'fp16', 'bf16')
+T = TypeVar('T')
 
 
 # ------------------------------------------------------------------------------------ value types
@@ -180,6 +181,22 @@ def model_overrides(text: str, flag: str = '--model-overrides') -> Dict[str, Any
     return value
 
 
+# what a model constructor raises for arguments it rejects: an unknown keyword (TypeError), a checked value
+# (ValueError, AssertionError), a size torch cannot allocate (RuntimeError: 'negative dimension'), a zero size or
+# head count (ZeroDivisionError: 'integer modulo by zero'), an unknown layer name (KeyError: timm's act_layer)
+BUILD_ERRORS = (TypeError, ValueError, RuntimeError, AssertionError, ArithmeticError, LookupError)
+
+
+def build_or_explain(build: Callable[[], T], flag: str, text: str, what: str) -> T:
+    """``build()``, a model built from the user's ``flag`` (its text ``text``); a constructor that rejects it
+    (:data:`BUILD_ERRORS`) is a ValueError naming the flag, the text and ``what`` (e.g. 'the goat model') instead of
+    a bare error from deep inside the model. Call it before the run's first write, so nothing is written."""
+    try:
+        return build()
+    except BUILD_ERRORS as e:
+        raise ValueError(f'{flag} {text} cannot build {what}: {e}') from e
+
+
 def add_prior_lr_flag(parser: argparse.ArgumentParser, default: float) -> None:
     """``--prior-lr-scale``: learning-rate multiplier of the positional-prior parameters (GOAT alpha, beta, key
     default; PoPE delta), their own optimizer group without weight decay (``vision_priors.optim.prior_param_groups``)."""
@@ -215,10 +232,20 @@ def check_folder(path: str, what: str = '--out') -> None:
             return
 
 
+def writes_one_run(args: argparse.Namespace) -> bool:
+    """Whether the command's ``--out`` is the folder of the one run it trains: the commands with ``--seed``
+    (:func:`add_run_flags` without ``sweep``). Every other command (evaluation, a sweep) writes its results, or
+    its runs in sub-folders, under ``--out``."""
+    return hasattr(args, 'seed')
+
+
 def validate_common(args: argparse.Namespace) -> None:
     """Checks that combine the shared flags (per-value checks already ran at parse time)."""
     if getattr(args, 'out', None) is not None:
         check_folder(args.out)
+        if not writes_one_run(args):
+            from .runs import check_not_a_run  # runs.py imports this module
+            check_not_a_run(args.out, getattr(args, 'command', None))
     if hasattr(args, 'amp'):
         check_amp(args.amp, getattr(args, 'cpu', False))
     if getattr(args, 'patience', 0) and not getattr(args, 'eval_every', 0):

@@ -319,7 +319,10 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
     dcfg = data_config(args, pred_len)
     series = load_series(dcfg)
     mcfg = model_config(args, method, series)
-    model = build_model(mcfg)
+    model = build_model(mcfg) if method == BASELINE else cli.build_or_explain(  # the baseline takes no overrides
+        lambda: build_model(mcfg), '--model-overrides', args.model_overrides,
+        f"the {mcfg['name']} model with --cross-attn {method} (seq_len {series.seq_len}, label_len "
+        f"{series.label_len}, pred_len {series.pred_len}, {series.channels} channel(s))")
     lr = args.lr or DEFAULT_LR[mcfg['name']]
     settings = {k: v for k, v in run_settings(args).items()
                 if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'baseline')}

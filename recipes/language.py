@@ -150,10 +150,8 @@ def validate(args: argparse.Namespace) -> None:
         if 'attn' in overrides:
             raise ValueError('--model-overrides may not set "attn": use --methods')
         for attn in args.methods:  # every model must build (unknown options, GOAT modes vs head dim, ...)
-            try:
-                create_language_model(attn, **dict(CPU_MODEL, **overrides))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f'--model-overrides {args.model_overrides} cannot build the {attn} model: {e}') from e
+            cli.build_or_explain(lambda: create_language_model(attn, **dict(CPU_MODEL, **overrides)),
+                                 '--model-overrides', args.model_overrides, f'the {attn} model')
     if getattr(args, 'methods', None):
         cli.check_unique('--methods', args.methods)
     if getattr(args, 'multiples', None):

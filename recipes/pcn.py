@@ -268,7 +268,8 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
     dcfg = data_config(args)
     train_set = dataset(dcfg, 'train', augment=True)
     mcfg = model_config(args, cross_attn)
-    model = build_model(mcfg)
+    model = cli.build_or_explain(lambda: build_model(mcfg), '--model-overrides', args.model_overrides,
+                                 f"the {mcfg['name']} model with --cross-attn {cross_attn}")
     config = dict(cross_attn=cross_attn, seed=seed, model=mcfg, data=dcfg, categories=train_set.categories,
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
                   data_fingerprint=data_fingerprints([dcfg['root']]))  # the PCN folder (built-in one included)

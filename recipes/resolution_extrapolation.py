@@ -349,6 +349,15 @@ def build_model(name: str, kwargs: Dict[str, Any]) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
+def build_from_flags(args: argparse.Namespace, name: str, kwargs: Dict[str, Any]) -> nn.Module:
+    """``name`` built with ``kwargs`` from the command's flags (:func:`model_kwargs`): a constructor that rejects
+    them is a ValueError naming ``--size-overrides`` (``cli.build_or_explain``), not a bare error from timm."""
+    check_model_name(name)
+    return cli.build_or_explain(lambda: build_model(name, kwargs), '--size-overrides', args.size_overrides,
+                                f'the {name} model (with --train-res {res_name(args.train_res)}, --drop-path '
+                                f'{args.drop_path:g})')
+
+
 def check_resolution(model: nn.Module, res: Tuple[int, int], name: str) -> None:
     patch = model.patch_embed.patch_size
     if res[0] % patch[0] or res[1] % patch[1]:
@@ -388,11 +397,11 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     """Train ``name`` with ``seed`` into ``out_dir``; returns the final checkpoint folder."""
     folder = RunFolder(out_dir, resume)
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
-    probe = build_model(name, model_kwargs(args, 10, name))
+    probe = build_from_flags(args, name, model_kwargs(args, 10, name))
     check_resolution(probe, args.train_res, name)
     train_data, num_classes, map_style, epoch_length = make_train_data(args, probe, seed)
     kwargs = model_kwargs(args, num_classes, name)
-    model = build_model(name, kwargs)
+    model = build_from_flags(args, name, kwargs)
     init_abs_pos_embed(model, args.abs_pos_init)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
                   args=run_settings(args), data_fingerprint=data_fingerprints(data_paths(args.data)))
@@ -448,7 +457,7 @@ def load_for_eval(source: str, args: argparse.Namespace,
     if source in timm.list_models():
         builtin = data_kind(args.data) == 'builtin'
         kwargs = model_kwargs(args, args.num_classes or (len(TASKS[args.task]) if builtin else 1000), source)
-        return source, build_model(source, kwargs), dict(model=source, model_kwargs=kwargs)
+        return source, build_from_flags(args, source, kwargs), dict(model=source, model_kwargs=kwargs)
     raise FileNotFoundError(f'{source!r} is neither a checkpoint / run folder nor a registered model name')
 
 

@@ -102,8 +102,18 @@ def read_config(path: Path) -> Dict[str, Any]:
 
 
 def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a training run (its ``config.json`` or ``latest.json``)."""
     folder = Path(folder)
     return (folder / CONFIG).exists() or (folder / LATEST).exists()
+
+
+def check_not_a_run(out: Path, command: Optional[str] = None, what: str = '--out') -> None:
+    """An output folder that is not one run's folder (an evaluation's results, a sweep's root) must not hold a
+    training run: its results.json, plots or runs would be written into the run. Called by
+    ``cli.validate_common`` for every command but a one-run ``train``, before any work."""
+    if holds_run(Path(out)):
+        raise FileExistsError(f'{command + ": " if command else ""}{what} {out} holds a training run ({CONFIG} / '
+                              f'{LATEST}); its results would be written into the run folder: choose another {what}')
 
 
 class RunFolder:
@@ -296,6 +306,6 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
 
 
 __all__ = ['CONFIG', 'CONFIG_KEYS', 'DATA_FINGERPRINT', 'CheckpointError', 'FinishedRun', 'RunFolder',
-           'SettingsChecked', 'check_resumed_runs', 'config_differences', 'data_fingerprints', 'holds_run',
-           'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only', 'sweep_folders',
-           'sweep_jobs', 'to_json', 'train_sweep']
+           'SettingsChecked', 'check_not_a_run', 'check_resumed_runs', 'config_differences', 'data_fingerprints',
+           'holds_run', 'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only',
+           'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']

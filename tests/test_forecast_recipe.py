@@ -123,6 +123,15 @@ def test_recipe_errors(tiny_csv, tmp_path):
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '4', '--out', str(out)])
     with pytest.raises(ValueError, match='--model-overrides .* is not a JSON dict'):
         recipe.main(['train', *tiny(tiny_csv), '--model-overrides', '[1]', '--out', str(out)])
+    # overrides the constructor rejects: an error naming the flag (not torch's), before config.json
+    with pytest.raises(ValueError, match=r'--model-overrides \{"d_model": -3\} cannot build the informer_cpu model '
+                                         r'with --cross-attn lavo .*negative dimension'):
+        recipe.main(['train', *tiny(tiny_csv), '--model-overrides', '{"d_model": -3}', '--out', str(out)])
+    with pytest.raises(ValueError, match=r'--model-overrides \{"n_heads": 0\} cannot build .*modulo by zero'):
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--no-baseline', '--model-overrides',
+                     '{"n_heads": 0}', '--out', str(out)])
+    with pytest.raises(ValueError, match=r'--model-overrides \{"bogus": 1\} cannot build .*unknown argument'):
+        recipe.main(['train', *tiny(tiny_csv), '--model-overrides', '{"bogus": 1}', '--out', str(out)])
     with pytest.raises(ValueError, match='compare: --model names the transformer'):
         recipe.main(['compare', *tiny(tiny_csv), '--model', 'linear', '--out', str(out)])
     with pytest.raises(FileNotFoundError, match='--data .*nowhere.csv: no such CSV file'):

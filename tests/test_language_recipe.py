@@ -98,6 +98,13 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
         recipe.main(['train', *tiny(), '--model-overrides', '{"goat_modes": 20}', '--out', r])
     with pytest.raises(ValueError, match='is not a JSON dict'):
         recipe.main(['train', *tiny(), '--model-overrides', '[1]', '--out', r])
+    # what torch or the constructor raise (negative sizes, a zero width, unknown options) names the flag too
+    with pytest.raises(ValueError, match=r'--model-overrides \{"mlp_ratio": -1\} cannot build the goat model: .*negative'):
+        recipe.main(['train', *tiny(), '--model-overrides', '{"mlp_ratio": -1}', '--out', r])
+    with pytest.raises(ValueError, match=r'--model-overrides \{"dim": 0\} cannot build the lavo model'):
+        recipe.main(['train', *tiny(), '--methods', 'lavo', '--model-overrides', '{"dim": 0}', '--out', r])
+    with pytest.raises(ValueError, match=r'--model-overrides \{"bogus": 1\} cannot build the rope model: .*bogus'):
+        recipe.main(['index', *tiny(), '--methods', 'rope', '--model-overrides', '{"bogus": 1}', '--out', r])
     with pytest.raises(ValueError, match='--methods lists rope more than once'):
         recipe.main(['train', *tiny(), '--methods', 'rope', 'rope', '--out', r])
     with pytest.raises(ValueError, match='cannot hold an evaluation window of 769 bytes'):

@@ -160,6 +160,53 @@ def test_new_run_into_a_run_folder_is_refused(run_copy):
     assert snapshot(run_copy) == before
 
 
+# every command whose --out is not the one run it trains (evaluations, sweeps, completions, analyses); RUN is the run
+# folder given as --out, also as the run to evaluate where the command takes one
+RESULTS_INTO_A_RUN = [
+    ('spatial_vqa', ['eval', 'RUN', '--cpu']),
+    ('spatial_vqa', ['compare', '--methods', 'goat', '--updates', '1', *TINY]),
+    ('forecast', ['eval', 'RUN', '--cpu']),
+    ('forecast', ['compare', '--updates', '1', '--cpu']),
+    ('pcn', ['eval', 'RUN', '--cpu']),
+    ('pcn', ['compare', '--updates', '1', '--cpu']),
+    ('pcn', ['complete', 'RUN', 'scan.pcd', '--cpu']),
+    ('language', ['train', '--updates', '1', '--cpu']),
+    ('language', ['ppl', 'RUN', '--cpu']),
+    ('language', ['passkey', 'RUN', '--cpu']),
+    ('language', ['index', '--updates', '1', '--cpu']),
+    ('language', ['compare', '--updates', '1', '--cpu']),
+    ('resolution_extrapolation', ['eval', 'RUN', '--cpu']),
+    ('resolution_extrapolation', ['compare', '--updates', '1', '--cpu']),
+    ('resolution_extrapolation', ['analyze', 'RUN']),
+]
+
+
+@pytest.mark.parametrize('recipe, argv', RESULTS_INTO_A_RUN, ids=[f'{r}-{a[0]}' for r, a in RESULTS_INTO_A_RUN])
+def test_results_into_a_run_folder_are_refused_before_any_work(run_copy, recipe, argv):
+    """An evaluation (or a sweep, a completion, an analysis) whose --out holds a training run would write its
+    results.json, plots or runs into the run folder: refused at validation naming the folder, which stays
+    byte-for-byte as it was, nothing written next to it."""
+    import importlib
+    main = importlib.import_module(f'vision_priors.recipes.{recipe}').main
+    before, beside = snapshot(run_copy), sorted(run_copy.parent.iterdir())
+    with pytest.raises(FileExistsError, match=f'{argv[0]}: --out {re.escape(str(run_copy))} holds a training run'):
+        main([str(run_copy) if a == 'RUN' else a for a in argv] + ['--out', str(run_copy)])
+    assert snapshot(run_copy) == before and sorted(run_copy.parent.iterdir()) == beside
+
+
+def test_a_run_folder_with_only_its_latest_pointer_is_refused_as_eval_out(run_copy, tmp_path):
+    """``latest.json`` alone marks a run too (``runs.holds_run``); a folder beside the run evaluates it."""
+    (run_copy / 'config.json').rename(tmp_path / 'config.json')
+    before = snapshot(run_copy)
+    with pytest.raises(FileExistsError, match='holds a training run'):
+        spatial_vqa.main(['eval', str(tmp_path / 'other'), '--out', str(run_copy), '--cpu'])
+    assert snapshot(run_copy) == before
+    (tmp_path / 'config.json').rename(run_copy / 'config.json')
+    spatial_vqa.main(['eval', str(run_copy), '--out', str(tmp_path / 'eval'), '--cpu'])
+    assert (tmp_path / 'eval' / 'results.json').exists() and snapshot(run_copy) == before | {
+        'config.json': (run_copy / 'config.json').read_bytes()}
+
+
 # ------------------------------------------------------------------------------ damaged checkpoints
 
 @pytest.mark.parametrize('victim', ['model.safetensors', 'optimizer.bin', 'random_states_0.pkl', 'manifest.json'])

@@ -178,6 +178,19 @@ def test_clear_errors(image_folder, wds_folder, tmp_path):
                      '--num-classes', '3', '--eval-res', '32', '36', '--out', str(tmp_path / 'e'), '--cpu'])
     with pytest.raises(SystemExit):
         recipe.main(['eval', 'x', '--eval-res', '32y'])
+    # --size-overrides timm's constructor rejects: an error naming the flag, for train and for eval of a model name
+    bad = json.dumps(dict(json.loads(TINY), embed_dim=-8))
+    with pytest.raises(ValueError, match=rf'--size-overrides {re.escape(bad)} cannot build the vit_tiny_patch16_goat_224 '
+                                         r'model \(with --train-res 32, --drop-path 0\): .*negative dimension'):
+        recipe.main(_train_args(tmp_path / 'r4', str(image_folder), '--updates', '1', '--size-overrides', bad))
+    with pytest.raises(ValueError, match=r'--size-overrides \{"act_layer": "nope"\} cannot build .*nope'):
+        recipe.main(_train_args(tmp_path / 'r4', str(image_folder), '--updates', '1',
+                                '--size-overrides', '{"act_layer": "nope"}'))
+    with pytest.raises(ValueError, match=r'--size-overrides \{"bogus": 1\} cannot build the vit_tiny_patch16_goat_224 '
+                                         r'model .*unexpected keyword argument .bogus.'):
+        recipe.main(['eval', 'vit_tiny_patch16_goat_224', '--data', str(image_folder), '--size-overrides',
+                     '{"bogus": 1}', '--num-classes', '3', '--eval-res', '32', '--out', str(tmp_path / 'e'), '--cpu'])
+    assert not (tmp_path / 'r4').exists() and not (tmp_path / 'e').exists()
 
 
 def test_refuses_to_overwrite_a_run_without_resume(image_folder, tmp_path):
