@@ -110,7 +110,8 @@ from timm.optim import create_optimizer_v2
 
 from vision_priors.layers.goat import PRIOR_INITS
 from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
-from vision_priors.models.spatial_vqa import IMAGE_ATTENTION, POS_METHODS, SpatialVQATransformer, count_parameters
+from vision_priors.models.spatial_vqa import (IMAGE_ATTENTION, POS_METHODS, VQA_GOAT_DEFAULTS, SpatialVQATransformer,
+                                             count_parameters)
 from vision_priors.models.multimodal import CONTENT_CROSS_ATTENTIONS, CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS
 from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion
 
@@ -180,9 +181,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--num-heads', type=cli.positive_int, default=4)
     g.add_argument('--mlp-ratio', type=cli.positive_float, default=4.0)
     g.add_argument('--goat-modes', type=cli.positive_int, default=2, help='GOAT Fourier modes R per axis (d_p = 4R + 2)')
-    g.add_argument('--goat-prior-init', choices=PRIOR_INITS, default='zero',
+    g.add_argument('--goat-prior-init', choices=PRIOR_INITS, default=None,
                    help='GOAT prior initialisation (paper Table 5): zero (uniform), random (seeded), alibi '
-                        '(recency-like decay with distance)')
+                        '(recency-like decay with distance), offsets (each head a bump at its own 2D key offset; '
+                        'default for --arch single, README ablation); default for --arch fusion: zero (its '
+                        'question decoder has 1D GOAT self-attention)')
     g.add_argument('--image-attention', choices=IMAGE_ATTENTION, default='prefix',
                    help='prefix: image tokens attend bidirectionally (scan-order invariance for goat / pope / '
                         'nope); causal: causal in scan order')
@@ -245,6 +248,9 @@ def validate(args: argparse.Namespace) -> None:
                                  f'image encoder), got {methods}')
     if not fusion and args.image_pos != 'none':
         raise ValueError('--image-pos is an option of --arch fusion (the single-stream model has no image encoder)')
+    if fusion and 'goat' in methods and args.goat_prior_init == 'offsets':
+        raise ValueError("--goat-prior-init offsets is a 2D start; --arch fusion also builds GOAT's 1D question-decoder "
+                         'self-attention from it: use zero, random or alibi with --arch fusion')
     if fusion and args.image_attention != 'prefix':
         raise ValueError('--arch fusion encodes the image bidirectionally: --image-attention must be prefix')
     check_orders(args.train_orders, args.test_orders, (SCENE_SIZE // args.patch_size,) * 2)
@@ -269,10 +275,18 @@ def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[s
     cfg = dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
                grid_size=[grid, grid], question_len=QUESTION_LEN, embed_dim=args.embed_dim, depth=args.depth,
                num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, goat_modes=args.goat_modes,
-               drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=args.goat_prior_init))
+               drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=goat_prior_init(args, arch)))
     if arch == 'fusion':
         return dict(cfg, arch='fusion', cross_attn=cross_attn, image_pos=args.image_pos)
     return dict(cfg, image_attention=args.image_attention)
+
+
+def goat_prior_init(args: argparse.Namespace, arch: str) -> str:
+    """``--goat-prior-init``, or the architecture's default: 'offsets' (``VQA_GOAT_DEFAULTS``) for the single-stream
+    model, 'zero' for fusion (its 1D decoder self-attention takes no 2D start). Stored resolved in config.json."""
+    if args.goat_prior_init is not None:
+        return args.goat_prior_init
+    return 'zero' if arch == 'fusion' else VQA_GOAT_DEFAULTS['prior_init']
 
 
 def build_model(cfg: Dict[str, Any]) -> nn.Module:

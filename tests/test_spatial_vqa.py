@@ -209,13 +209,17 @@ def test_real_cifar_subset_scenes_feed_the_model():
     assert model(batch['patches'], batch['coords'], batch['text']).shape == (4, 4, len(vocab))
 
 
-@pytest.mark.parametrize('init', ['zero', 'random', 'alibi'])
+@pytest.mark.parametrize('init', ['zero', 'random', 'alibi', 'offsets', None])
 def test_goat_prior_init_flag_reaches_every_goat_layer(init):
-    args = recipe.build_parser().parse_args(['train', '--method', 'goat', '--goat-prior-init', init] + TINY)
-    model = recipe.build_model(recipe.model_config(args, 'goat', vocab_size=8))
+    flag = ['--goat-prior-init', init] if init else []
+    args = recipe.build_parser().parse_args(['train', '--method', 'goat', *flag] + TINY)
+    config = recipe.model_config(args, 'goat', vocab_size=8)
+    model = recipe.build_model(config)
+    init = init or 'offsets'  # the single-stream model's default, stored resolved in the run's config
+    assert config['goat_kwargs'] == {'prior_init': init}
     priors = [m for m in model.modules() if type(m).__name__ == 'GoatPrior']
     assert priors and all(p.prior_init == init for p in priors)
-    # zero init: a flat (uniform) prior; random / alibi: logits that depend on the key's position
+    # zero init: a flat (uniform) prior; random / alibi / offsets: logits that depend on the key's position
     with torch.no_grad():
         logits = priors[0].prior_logits(grid_coords((3, 3)))
     spread = (logits.amax(-1) - logits.amin(-1)).max().item()

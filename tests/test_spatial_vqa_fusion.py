@@ -137,7 +137,14 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
     with pytest.raises(ValueError, match='--cross-attn pope is positional and needs --method pope'):
         recipe.main(['compare', '--methods', 'goat', '--archs', 'fusion', '--cross-attns', 'softmax', 'pope',
                      '--out', str(tmp_path / 'r'), *TINY])
+    with pytest.raises(ValueError, match='--goat-prior-init offsets is a 2D start; --arch fusion'):
+        recipe.main(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', '--goat-prior-init', 'offsets',
+                     '--out', str(tmp_path / 'r'), *TINY])
     assert not (tmp_path / 'r').exists()
+    # without the flag each architecture gets its own start: offsets (single stream), zero (fusion)
+    args = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', *TINY])
+    assert recipe.model_config(args, 'goat', 8)['goat_kwargs'] == {'prior_init': 'offsets'}
+    assert recipe.model_config(args, 'goat-fusion-lavo', 8)['goat_kwargs'] == {'prior_init': 'zero'}
 
 
 def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):

@@ -14,6 +14,7 @@ key coordinate u_h(j); one zero pad coordinate keeps the head width (Eqs. 23-27)
 content coordinates remain, values keep all d_h, and ONE ``F.scaled_dot_product_attention`` call on
 the widened q', k' computes the logits exactly, with no dense bias matrix.
 """
+import math
 from typing import Optional, Tuple, Type, Union
 
 import torch
@@ -34,7 +35,7 @@ torch.fx.wrap('resolve_token_coords')
 
 __all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim', 'goat_head_dims']
 
-PRIOR_INITS = ('zero', 'random', 'alibi')
+PRIOR_INITS = ('zero', 'random', 'alibi', 'offsets')
 # the 'alibi' cosine fit must stay within this share of m * extent of the ALiBi line and be monotone
 ALIBI_FIT_TOLERANCE = 0.25
 
@@ -88,8 +89,17 @@ class GoatPrior(nn.Module):
         prior_init: 'zero' (uniform prior at init), 'random' (alpha, beta ~ N(0, init_std^2) from a
             seeded generator) or 'alibi' (recency start: key-linear slopes in the causal 1D case,
             else cosine modes least-squares fitted to -m_h |d| per axis over |d| <= alibi_extent);
-            the paper's Table 5.
+            the paper's Table 5; or 'offsets' (2D only, this package's vision start): head h starts as a bump
+            at its own key offset delta_h = offset_radius * (cos t_h, sin t_h), t_h = pi / 4 + 2 pi h / H (four
+            heads: the four diagonal neighbours), every mode of axis a getting amplitude offset_amplitude:
+            K_h(p_j - p_i) = A sum_a sum_r cos(w_{a,r} (p_j - p_i - delta_h)_a), i.e. alpha = A cos(w delta),
+            beta = -A sin(w delta) in Eq. 12's K(p_i - p_j). The convolution-like start of Cordonnier et al.
+            (2020) and ConViT (d'Ascoli et al., 2021) written in GOAT's Fourier coordinates: unlike 'zero' the
+            model is not permutation-equivariant at the start, and unlike 'random' no two heads (and no two
+            axes) start alike (README, spatial VQA ablation).
         init_std: Standard deviation of the 'random' init.
+        offset_radius: Distance of the 'offsets' start's bump centres from the query (coordinate units).
+        offset_amplitude: Amplitude A of every mode in the 'offsets' start.
         init_seed: Seed of the 'random' init.
         alibi_extent: Offset range of the 'alibi' fit; default 16 (2D) or 512 (1D).
         key_linear: Include the key-linear trend lambda_h p_j (the causal recency term).
@@ -112,6 +122,8 @@ class GoatPrior(nn.Module):
             prior_init: str = 'zero',
             init_std: float = 0.5,
             init_seed: int = 0,
+            offset_radius: float = math.sqrt(2.0),
+            offset_amplitude: float = 3.0,
             alibi_extent: Optional[float] = None,
             key_linear: bool = False,
             first_key_bias: Optional[bool] = None,
@@ -131,6 +143,12 @@ class GoatPrior(nn.Module):
             raise ValueError(f'prior_init must be one of {PRIOR_INITS}, got {prior_init!r}')
         if num_prefix_tokens < 0:
             raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
+        if prior_init == 'offsets' and num_spatial_dims != 2:
+            raise ValueError("prior_init='offsets' is a start for 2D priors (a bump per head at its own 2D key "
+                             f'offset); got num_spatial_dims={num_spatial_dims}: use zero, random or alibi')
+        if not (0 <= offset_radius < float('inf') and 0 < offset_amplitude < float('inf')):
+            raise ValueError(f'need a finite offset_radius >= 0 and offset_amplitude > 0, got {offset_radius!r}, '
+                             f'{offset_amplitude!r}')
         self.num_heads = num_heads
         self.num_spatial_dims = num_spatial_dims
         self.num_modes = num_modes
@@ -139,6 +157,8 @@ class GoatPrior(nn.Module):
         self.prior_init = prior_init
         self.init_std = init_std
         self.init_seed = init_seed
+        self.offset_radius = float(offset_radius)
+        self.offset_amplitude = float(offset_amplitude)
         is_2d = num_spatial_dims == 2
         self.freq_base = float(freq_base if freq_base is not None else (100.0 if is_2d else 10000.0))
         self.max_freq = float(max_freq)
@@ -184,6 +204,10 @@ class GoatPrior(nn.Module):
                 gen = torch.Generator().manual_seed(self.init_seed)
                 self.alpha.copy_(torch.randn(self.alpha.shape, generator=gen, device='cpu') * self.init_std)
                 self.beta.copy_(torch.randn(self.beta.shape, generator=gen, device='cpu') * self.init_std)
+            elif self.prior_init == 'offsets':
+                alpha, beta = self._offset_bumps()
+                self.alpha.copy_(alpha.float())
+                self.beta.copy_(beta.float())
             elif self.prior_init == 'alibi':
                 slopes = alibi_slopes(self.num_heads).double().cpu()
                 if self.key_slope is not None:
@@ -193,6 +217,17 @@ class GoatPrior(nn.Module):
                     alpha = self._fit_symmetric_decay(slopes)
                     self._check_alibi_fit(alpha, slopes)
                     self.alpha.copy_(alpha.float())
+
+    def offset_centres(self) -> Tensor:
+        """delta_h of the 'offsets' start, the key offset p_j - p_i each head's bump is centred on: (H, 2) float64."""
+        angles = math.pi / 4 + 2 * math.pi * torch.arange(self.num_heads, dtype=torch.float64) / self.num_heads
+        return self.offset_radius * torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+    def _offset_bumps(self) -> Tuple[Tensor, Tensor]:
+        """alpha, beta (H, 2, R) with alpha cos(w d) + beta sin(w d) = A cos(w (d + delta)) for d = p_i - p_j."""
+        cpu = torch.device('cpu')
+        phase = self.offset_centres()[:, :, None] * self.frequencies(torch.float64, cpu).detach().to(cpu)[None]
+        return self.offset_amplitude * phase.cos(), -self.offset_amplitude * phase.sin()
 
     def init_weights(self) -> None:
         """timm's ViT init hook: re-apply our init after timm re-initialises the MLP's Linear layers."""

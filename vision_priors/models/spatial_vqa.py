@@ -46,10 +46,12 @@ from timm.layers import AttentionRope, DropPath, Mlp, RotaryEmbeddingCat, trunc_
 
 from ..layers import GoatAttention, PopeAttention
 
-__all__ = ['SpatialVQATransformer', 'VQABlock', 'POS_METHODS', 'IMAGE_ATTENTION', 'vqa_attention_mask',
-           'vqa_text_coords', 'vqa_sequence_positions', 'count_parameters']
+__all__ = ['SpatialVQATransformer', 'VQABlock', 'POS_METHODS', 'VQA_GOAT_DEFAULTS', 'IMAGE_ATTENTION',
+           'vqa_attention_mask', 'vqa_text_coords', 'vqa_sequence_positions', 'count_parameters']
 
 POS_METHODS = ('nope', 'rope', 'goat', 'pope')
+# GOAT's start in this model (README, spatial VQA: the 'offsets' start against zero / random / alibi)
+VQA_GOAT_DEFAULTS: Dict[str, Any] = dict(prior_init='offsets')
 IMAGE_ATTENTION = ('prefix', 'causal')
 
 
@@ -143,7 +145,10 @@ class SpatialVQATransformer(nn.Module):
         mlp_ratio: MLP hidden width / C.
         image_attention: 'prefix' (bidirectional image tokens) or 'causal'.
         goat_modes: GOAT Fourier modes R per axis (d_p = 4 R + 2 of the head dim go to structure).
-        goat_kwargs: Further ``GoatAttention`` / ``GoatPrior`` options (freq_base, prior_init, ...).
+        goat_kwargs: Further ``GoatAttention`` / ``GoatPrior`` options (freq_base, prior_init, ...), over
+            ``VQA_GOAT_DEFAULTS`` (the 'offsets' start: each head's 2D prior starts as a bump at its own key
+            offset; with a zero start the diagonal text coordinates and the scenes' x <-> y symmetry leave the
+            prior's x and y halves equal, and such a prior cannot tell top-right from bottom-left: README ablation).
         pope_kwargs: Further ``PopeAttention`` options (freq_base, learn_bias).
         rope_temperature: RoPE frequency base theta (frequencies theta^(-2k / d_h)).
         drop_path_rate: Stochastic depth, linearly increasing over blocks.
@@ -206,7 +211,7 @@ class SpatialVQATransformer(nn.Module):
                         goat_kwargs: Dict[str, Any], pope_kwargs: Dict[str, Any]) -> nn.Module:
         if self.pos_method == 'goat':
             return GoatAttention(dim, num_heads=num_heads, num_spatial_dims=2, num_modes=goat_modes,
-                                 qkv_bias=qkv_bias, **goat_kwargs)
+                                 qkv_bias=qkv_bias, **dict(VQA_GOAT_DEFAULTS, **goat_kwargs))
         if self.pos_method == 'pope':
             return PopeAttention(dim, num_heads=num_heads, num_spatial_dims=2, qkv_bias=qkv_bias, **pope_kwargs)
         return AttentionRope(dim, num_heads=num_heads, qkv_bias=qkv_bias, num_prefix_tokens=0)
