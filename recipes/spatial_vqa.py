@@ -73,7 +73,7 @@ GOAT's prior starts with ``--goat-prior-init offsets`` in the single-stream mode
 each head a bump at its own 2D key offset. From a zero start the prior is uniform (the bidirectional image part is
 permutation-equivariant), and the diagonal text coordinates plus the scenes' x <-> y symmetry keep its x and y
 halves equal, a prior that cannot tell top-right from bottom-left; the seed then decided how far GOAT got (README
-ablation: zero 63.7 +- 19.6 %, offsets 94.0 +- 0.8 % over three seeds, RoPE 81.8 % on seen orders).
+ablation: zero 63.7 +- 19.6 %, offsets 90.6 +- 10.8 % over three seeds, RoPE 81.8 % on seen orders).
 
 Data (``--data``; readers in ``vision_priors.recipes.data.image_pools``, scenes in ``vision_priors.recipes.data.vqa_scenes``): a folder with CIFAR-10's python batches (``data_batch_1..5``, ``test_batch``,
 ``batches.meta``; read directly, no download, no checksum; train pool = the five data batches, test
