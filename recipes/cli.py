@@ -243,9 +243,10 @@ def validate_common(args: argparse.Namespace) -> None:
     """Checks that combine the shared flags (per-value checks already ran at parse time)."""
     if getattr(args, 'out', None) is not None:
         check_folder(args.out)
+        from .runs import check_not_a_run, check_not_inside_a_run  # runs.py imports this module
         if not writes_one_run(args):
-            from .runs import check_not_a_run  # runs.py imports this module
             check_not_a_run(args.out, getattr(args, 'command', None))
+        check_not_inside_a_run(args.out, getattr(args, 'command', None))
     if hasattr(args, 'amp'):
         check_amp(args.amp, getattr(args, 'cpu', False))
     if getattr(args, 'patience', 0) and not getattr(args, 'eval_every', 0):

@@ -10,9 +10,12 @@ therefore stores :func:`data_fingerprints` of the files and folders it reads und
 - ``eval`` (and every command that reads a trained run's data): :func:`runs.load_finished_run` calls
   :func:`check_data_unchanged`, which refuses a run whose data are not what they were.
 
-A file's fingerprint hashes its bytes (streamed); a folder's hashes its listing (relative path and size of every
-file below it), not the contents: data folders (PCN, image folders, CIFAR batches) can be large. Runs stored
-before fingerprints existed hold no :data:`DATA_FINGERPRINT` and load as before.
+A file's fingerprint hashes its bytes (streamed). A folder's hashes its listing (relative path and size of every
+file below it) and, when its files total at most :data:`FOLDER_CONTENT_LIMIT` bytes, their contents too (so a
+same-size edit inside a built-in PCN folder or a CIFAR batch folder is caught); larger folders (ImageNet-style
+trees) are fingerprinted by their listing only. Runs stored before fingerprints existed hold no
+:data:`DATA_FINGERPRINT` and load as before; a stored fingerprint is compared on the keys it holds (one stored
+before folder contents were hashed is compared on its listing).
 """
 import hashlib
 import os
@@ -22,7 +25,8 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 PathLike = Union[str, 'os.PathLike[str]']
 DATA_FINGERPRINT = 'data_fingerprint'  # the config key: {data path: data_fingerprint(path)}
 _CHUNK = 1 << 20
-_ORDER = ('kind', 'files', 'bytes', 'sha256')  # how a change is reported
+FOLDER_CONTENT_LIMIT = 256 << 20  # folders up to this many bytes also get their files' contents hashed
+_ORDER = ('kind', 'files', 'bytes', 'sha256', 'contents_sha256')  # how a change is reported
 
 
 def _file_sha256(path: Path) -> str:
@@ -56,8 +60,9 @@ def data_fingerprint(path: PathLike) -> Dict[str, Any]:
     """What ``path`` holds now.
 
     A file: ``{'kind': 'file', 'bytes': size, 'sha256': hash of the bytes}``. A folder: ``{'kind': 'folder',
-    'files': count, 'bytes': total size, 'sha256': hash of the sorted (relative path, size) listing}`` (the
-    contents are not read).
+    'files': count, 'bytes': total size, 'sha256': hash of the sorted (relative path, size) listing}``, plus
+    ``'contents_sha256'`` (a hash of every file's path, size and SHA-256) when the total is at most
+    :data:`FOLDER_CONTENT_LIMIT` bytes.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (naming it).
@@ -66,8 +71,14 @@ def data_fingerprint(path: PathLike) -> Dict[str, Any]:
     if path.is_dir():
         listing = _folder_listing(path)
         digest = hashlib.sha256(''.join(f'{name}\t{size}\n' for name, size in listing).encode('utf-8'))
-        return dict(kind='folder', files=len(listing), bytes=sum(size for _, size in listing),
-                    sha256=digest.hexdigest())
+        total = sum(size for _, size in listing)
+        found = dict(kind='folder', files=len(listing), bytes=total, sha256=digest.hexdigest())
+        if total <= FOLDER_CONTENT_LIMIT:
+            contents = hashlib.sha256()
+            for name, size in listing:
+                contents.update(f'{name}\t{size}\t{_file_sha256(path / name)}\n'.encode('utf-8'))
+            found['contents_sha256'] = contents.hexdigest()
+        return found
     if path.is_file():
         return dict(kind='file', bytes=path.stat().st_size, sha256=_file_sha256(path))
     raise FileNotFoundError(f'data {path} does not exist (no file or folder to fingerprint)')
@@ -85,18 +96,19 @@ def _show(key: str, value: Any) -> str:
 
 def fingerprint_changes(stored: Dict[str, Any], found: Dict[str, Any]) -> List[str]:
     """One line per path whose fingerprint differs between two :data:`DATA_FINGERPRINT` mappings, naming the path
-    and what changed (e.g. ``'a.csv: bytes 2500 -> 2100, sha256 3f2a... -> 91c0...'``)."""
+    and what changed (e.g. ``'a.csv: bytes 2500 -> 2100, sha256 3f2a... -> 91c0...'``). Only the keys a stored
+    fingerprint holds are compared (an older one may record less, e.g. no folder contents)."""
     lines = []
     for path in list(dict.fromkeys([*stored, *found])):
         old, new = stored.get(path), found.get(path)
-        if old == new:
+        if old == new or (old is not None and new is not None and all(new.get(k) == v for k, v in old.items())):
             continue
         if new is None:
             lines.append(f'{path}: read by the stored run, not now')
         elif old is None:
             lines.append(f'{path}: read now, not by the stored run')
         else:
-            keys = [k for k in _ORDER if k in old or k in new] + sorted((set(old) | set(new)) - set(_ORDER))
+            keys = [k for k in _ORDER if k in old] + sorted(set(old) - set(_ORDER))
             lines.append(f'{path}: ' + ', '.join(f'{k} {_show(k, old.get(k, "<absent>"))} -> '
                                                  f'{_show(k, new.get(k, "<absent>"))}'
                                                  for k in keys if old.get(k) != new.get(k)))
@@ -151,5 +163,5 @@ def check_data_unchanged(config: Dict[str, Any], run: PathLike, reads: Optional[
                          f'was trained on, or train a new run on these data')
 
 
-__all__ = ['DATA_FINGERPRINT', 'check_data_unchanged', 'check_stored_fingerprints',
+__all__ = ['DATA_FINGERPRINT', 'FOLDER_CONTENT_LIMIT', 'check_data_unchanged', 'check_stored_fingerprints',
            'data_fingerprint', 'data_fingerprints', 'fingerprint_changes']

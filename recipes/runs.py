@@ -107,6 +107,24 @@ def holds_run(folder: Path) -> bool:
     return (folder / CONFIG).exists() or (folder / LATEST).exists()
 
 
+def enclosing_run(folder: Path) -> Optional[Path]:
+    """The nearest folder strictly above ``folder`` (resolved) that holds a training run, or None."""
+    for parent in Path(os.path.abspath(folder)).parents:
+        if holds_run(parent):
+            return parent
+    return None
+
+
+def check_not_inside_a_run(out: Path, command: Optional[str] = None, what: str = '--out') -> None:
+    """Nothing is written inside another run's folder (``RUN/eval``, ``RUN/best/x``, a run nested in a run): a run
+    folder changes only through its own training. Called for every command's ``--out``, before any work."""
+    run = enclosing_run(Path(out))
+    if run is not None:
+        raise FileExistsError(f'{command + ": " if command else ""}{what} {out} lies inside the training run {run} '
+                              f'({CONFIG} / {LATEST}); a run folder is written only by its own training: choose '
+                              f'a {what} outside it')
+
+
 def check_not_a_run(out: Path, command: Optional[str] = None, what: str = '--out') -> None:
     """An output folder that is not one run's folder (an evaluation's results, a sweep's root) must not hold a
     training run: its results.json, plots or runs would be written into the run. Called by
@@ -306,6 +324,6 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
 
 
 __all__ = ['CONFIG', 'CONFIG_KEYS', 'DATA_FINGERPRINT', 'CheckpointError', 'FinishedRun', 'RunFolder',
-           'SettingsChecked', 'check_not_a_run', 'check_resumed_runs', 'config_differences', 'data_fingerprints',
+           'SettingsChecked', 'check_not_a_run', 'check_not_inside_a_run', 'enclosing_run', 'check_resumed_runs', 'config_differences', 'data_fingerprints',
            'holds_run', 'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only',
            'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']

@@ -194,6 +194,27 @@ def test_results_into_a_run_folder_are_refused_before_any_work(run_copy, recipe,
     assert snapshot(run_copy) == before and sorted(run_copy.parent.iterdir()) == beside
 
 
+ONE_RUN_TRAIN = [
+    ('spatial_vqa', ['train', '--method', 'goat', '--updates', '1', *TINY]),
+    ('forecast', ['train', '--updates', '1', '--cpu']),
+]
+
+
+@pytest.mark.parametrize('recipe, argv', RESULTS_INTO_A_RUN + ONE_RUN_TRAIN,
+                         ids=[f'{r}-{a[0]}' for r, a in RESULTS_INTO_A_RUN + ONE_RUN_TRAIN])
+def test_outputs_inside_a_run_folder_are_refused_before_any_work(run_copy, recipe, argv):
+    """``--out RUN/sub`` (an evaluation in RUN/eval, a run nested in a run, a sweep under best/): a run folder is
+    written only by its own training, so every command refuses it at validation, naming the enclosing run."""
+    import importlib
+    main = importlib.import_module(f'vision_priors.recipes.{recipe}').main
+    before = snapshot(run_copy)
+    inside = run_copy / 'best' / 'eval'
+    with pytest.raises(FileExistsError, match=f'{argv[0]}: --out {re.escape(str(inside))} lies inside the training '
+                                              f'run {re.escape(str(run_copy))}'):
+        main([str(run_copy) if a == 'RUN' else a for a in argv] + ['--out', str(inside)])
+    assert snapshot(run_copy) == before
+
+
 def test_a_run_folder_with_only_its_latest_pointer_is_refused_as_eval_out(run_copy, tmp_path):
     """``latest.json`` alone marks a run too (``runs.holds_run``); a folder beside the run evaluates it."""
     (run_copy / 'config.json').rename(tmp_path / 'config.json')
@@ -334,11 +355,13 @@ def test_compare_rejects_duplicates_and_taken_folders_up_front(tmp_path):
 
 # ------------------------------------------------------------------------------ data fingerprints
 
-def test_data_fingerprint_of_a_file_a_folder_and_a_missing_path(tmp_path):
+def test_data_fingerprint_of_a_file_a_folder_and_a_missing_path(tmp_path, monkeypatch):
     """A file: size + SHA-256 of its bytes; a folder: file count, total size and a hash of the (relative path,
-    size) listing, not of the contents; a missing path is a FileNotFoundError naming it."""
+    size) listing, plus its contents' hash up to FOLDER_CONTENT_LIMIT bytes; a missing path is a FileNotFoundError
+    naming it."""
     import hashlib
-    from vision_priors.recipes.fingerprint import data_fingerprint, data_fingerprints
+    from vision_priors.recipes import fingerprint
+    from vision_priors.recipes.fingerprint import check_data_unchanged, data_fingerprint, data_fingerprints
     file = tmp_path / 'a.csv'
     file.write_bytes(b'x,y\n1,2\n')
     assert data_fingerprint(file) == dict(kind='file', bytes=8, sha256=hashlib.sha256(b'x,y\n1,2\n').hexdigest())
@@ -348,7 +371,21 @@ def test_data_fingerprint_of_a_file_a_folder_and_a_missing_path(tmp_path):
     (folder / 'c.txt').write_bytes(b'hello')
     first = data_fingerprint(folder)
     assert first['kind'] == 'folder' and first['files'] == 2 and first['bytes'] == 9
-    (folder / 'c.txt').write_bytes(b'HELLO')  # same size, other contents: a folder's listing is unchanged
+    expected = ''.join(f'{name}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}\n'
+                       for name, data in (('c.txt', b'hello'), ('sub/b.bin', b'1234')))
+    assert first['contents_sha256'] == hashlib.sha256(expected.encode()).hexdigest()
+    (folder / 'c.txt').write_bytes(b'HELLO')  # same size, other contents: the listing is unchanged, the contents not
+    changed = data_fingerprint(folder)
+    assert changed['sha256'] == first['sha256'] and changed['contents_sha256'] != first['contents_sha256']
+    with pytest.raises(ValueError, match=re.escape(f'{folder}: contents_sha256 {first["contents_sha256"][:16]}')):
+        check_data_unchanged(dict(data_fingerprint={str(folder): first}), 'RUN')
+    # a fingerprint stored before folder contents were hashed is compared on its listing only
+    check_data_unchanged(dict(data_fingerprint={str(folder): {k: v for k, v in first.items()
+                                                             if k != 'contents_sha256'}}), 'RUN')
+    monkeypatch.setattr(fingerprint, 'FOLDER_CONTENT_LIMIT', 8)  # a folder above the limit: its listing only
+    assert 'contents_sha256' not in data_fingerprint(folder)
+    monkeypatch.undo()
+    (folder / 'c.txt').write_bytes(b'hello')
     assert data_fingerprint(folder) == first
     (folder / 'c.txt').write_bytes(b'hello!')
     assert data_fingerprint(folder)['sha256'] != first['sha256'] and data_fingerprint(folder)['bytes'] == 10
