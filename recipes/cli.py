@@ -153,10 +153,11 @@ def add_device_flags(parser: argparse.ArgumentParser, *, batch_size: int) -> Non
                    help="torch CPU threads (0 = torch's default); 1 is much faster on a machine whose cores are busy")
 
 
-def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, warmup_frac: float,
-                    weight_decay: float = 0.05, clip_grad: float = 0.0) -> None:
+def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, warmup_frac: Optional[float],
+                    weight_decay: float = 0.05, clip_grad: float = 0.0, warmup_help: Optional[str] = None) -> None:
     """``--epochs`` / ``--updates``, ``--grad-accum``, ``--opt``, ``--lr``, ``--weight-decay``, ``--warmup-frac``,
-    ``--clip-grad`` (cosine schedule in updates, see ``engine.cosine_schedule``)."""
+    ``--clip-grad`` (cosine schedule in updates, see ``engine.cosine_schedule``). ``warmup_frac=None``: the recipe
+    resolves a default per run before training (``warmup_help`` says how)."""
     g = parser.add_argument_group('optimisation')
     g.add_argument('--epochs', type=positive_int, default=epochs, help='training epochs (ignored when --updates is set)')
     g.add_argument('--updates', type=nonnegative_int, default=0, help='total optimizer updates (0 = use --epochs)')
@@ -165,7 +166,7 @@ def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, 
     g.add_argument('--lr', type=positive_float, default=lr, help='peak learning rate')
     g.add_argument('--weight-decay', type=nonnegative_float, default=weight_decay)
     g.add_argument('--warmup-frac', type=unit_fraction, default=warmup_frac,
-                   help='linear warm-up over this share of the updates')
+                   help=warmup_help or 'linear warm-up over this share of the updates')
     g.add_argument('--clip-grad', type=nonnegative_float, default=clip_grad, help='gradient norm clip (0 = off)')
 
 

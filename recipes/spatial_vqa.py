@@ -191,16 +191,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help='prefix: image tokens attend bidirectionally (scan-order invariance for goat / pope / '
                         'nope); causal: causal in scan order')
     g.add_argument('--drop-path', type=cli.probability, default=0.0, help='stochastic depth rate')
-    g.add_argument('--image-pos', choices=IMAGE_POS, default='none',
+    g.add_argument('--image-pos', choices=IMAGE_POS, default=None,
                    help='fusion only: sincos adds fixed 2D sin / cos features of the canonical patch coordinates to '
-                        'the image tokens (their absolute position, readable by the cross-attention)')
+                        'the image tokens (their absolute position, readable by the cross-attention); default: '
+                        'sincos with a content cross-attention (softmax, lavo: without it their keys carry no '
+                        'position), none with a positional one (goat, pope)')
     cli.add_prior_lr_flag(g, default=VISION_PRIOR_LR_SCALE)
 
 
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_data_args(p)
     add_model_args(p)
-    cli.add_optim_flags(p, lr=1e-3, epochs=10, warmup_frac=0.05, clip_grad=1.0)
+    cli.add_optim_flags(p, lr=1e-3, epochs=10, warmup_frac=None, clip_grad=1.0,
+                        warmup_help='linear warm-up over this share of the updates (default: 0.05 for --arch '
+                                    'single, 0.5 for fusion, whose encoder + decoder stall at the position-blind '
+                                    'level after a short warm-up: README)')
     cli.add_device_flags(p, batch_size=64)
     cli.add_run_flags(p, out='outputs/spatial_vqa' + ('' if sweep else '/run'), sweep=sweep)
 
@@ -247,7 +252,7 @@ def validate(args: argparse.Namespace) -> None:
             if c in POSITIONAL_CROSS_ATTENTIONS and c not in methods:
                 raise ValueError(f'--cross-attn {c} is positional and needs --method {c} (the same method in the '
                                  f'image encoder), got {methods}')
-    if not fusion and args.image_pos != 'none':
+    if not fusion and args.image_pos not in (None, 'none'):
         raise ValueError('--image-pos is an option of --arch fusion (the single-stream model has no image encoder)')
     if fusion and 'goat' in methods and args.goat_prior_init == 'offsets':
         raise ValueError("--goat-prior-init offsets is a 2D start; --arch fusion also builds GOAT's 1D question-decoder "
@@ -271,6 +276,7 @@ def data_config(args: argparse.Namespace) -> Dict[str, Any]:
 
 def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[str, Any]:
     """The model's constructor arguments for the ``model_name`` label ``name``."""
+    args = run_args(args, name)
     method, arch, cross_attn = parse_model_name(name)
     grid = SCENE_SIZE // args.patch_size
     cfg = dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
@@ -280,6 +286,23 @@ def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[s
     if arch == 'fusion':
         return dict(cfg, arch='fusion', cross_attn=cross_attn, image_pos=args.image_pos)
     return dict(cfg, image_attention=args.image_attention)
+
+
+# per-architecture defaults of flags whose parsed default is None (resolved per run, stored resolved in config.json)
+ARCH_WARMUP_FRAC = {'single': 0.05, 'fusion': 0.5}
+
+
+def run_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """``args`` for the run of model label ``name``: ``--warmup-frac`` and ``--image-pos`` left at their default get
+    the architecture's value (fusion: a warm-up over half the updates, and sin / cos image positions for a content
+    cross-attention; single stream: 0.05 and none). Other flags are unchanged."""
+    _, arch, cross_attn = parse_model_name(name)
+    resolved = argparse.Namespace(**vars(args))
+    if getattr(args, 'warmup_frac', 0.0) is None:
+        resolved.warmup_frac = ARCH_WARMUP_FRAC[arch]
+    if getattr(args, 'image_pos', 'none') is None:
+        resolved.image_pos = 'sincos' if arch == 'fusion' and cross_attn in CONTENT_CROSS_ATTENTIONS else 'none'
+    return resolved
 
 
 def goat_prior_init(args: argparse.Namespace, arch: str) -> str:
@@ -355,6 +378,7 @@ def eval_loader(dataset, args: argparse.Namespace, accelerator) -> DataLoader:
 
 def run_train(args: argparse.Namespace, method: str, seed: int, out_dir: Path, resume: bool) -> Path:
     """Train ``method`` with ``seed`` into ``out_dir``; returns the final checkpoint folder."""
+    args = run_args(args, method)
     folder = RunFolder(out_dir, resume)
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     dcfg = data_config(args)

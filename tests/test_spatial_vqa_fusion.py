@@ -147,6 +147,24 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
     assert recipe.model_config(args, 'goat-fusion-lavo', 8)['goat_kwargs'] == {'prior_init': 'zero'}
 
 
+def test_architecture_defaults_are_resolved_per_run():
+    """--warmup-frac and --image-pos left at their defaults: 0.05 / none for the single-stream model; for fusion a
+    warm-up over half the updates, and sin / cos image positions with a content cross-attention (softmax, lavo),
+    none with a positional one (goat, pope). Flags given explicitly win."""
+    args = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', *TINY])
+    resolved = {name: recipe.run_args(args, name) for name in
+                ('goat', 'goat-fusion-softmax', 'goat-fusion-lavo', 'goat-fusion-goat')}
+    assert {n: (a.warmup_frac, a.image_pos) for n, a in resolved.items()} == {
+        'goat': (0.05, 'none'), 'goat-fusion-softmax': (0.5, 'sincos'), 'goat-fusion-lavo': (0.5, 'sincos'),
+        'goat-fusion-goat': (0.5, 'none')}
+    assert args.warmup_frac is None and args.image_pos is None  # the parsed flags themselves are left alone
+    assert recipe.model_config(args, 'goat-fusion-lavo', 8)['image_pos'] == 'sincos'
+    explicit = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'fusion', '--image-pos',
+                                                 'none', '--warmup-frac', '0.1', *TINY])
+    assert (recipe.run_args(explicit, 'goat-fusion-lavo').warmup_frac,
+            recipe.run_args(explicit, 'goat-fusion-lavo').image_pos) == (0.1, 'none')
+
+
 def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', '--image-pos', 'sincos', *TINY,
               '--updates', '4',
@@ -163,6 +181,10 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     assert config['method'] == 'pope-fusion-lavo'
     assert config['model']['arch'] == 'fusion' and config['model']['cross_attn'] == 'lavo'
     assert config['model']['image_pos'] == 'sincos'
+    assert config['args']['warmup_frac'] == 0.5  # fusion's default warm-up, stored resolved
+    # a run trained with another warm-up is a changed setting on --resume, refused before any work
+    with pytest.raises(ValueError, match='warmup_frac'):
+        recipe.main([*common, '--out', str(killed), '--resume', '--warmup-frac', '0.05'])
 
     recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
     row = json.loads((tmp_path / 'eval' / 'results.json').read_text())['rows'][0]
