@@ -285,7 +285,7 @@ def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[s
     cfg = dict(pos_method=method, vocab_size=vocab_size, patch_dim=3 * args.patch_size ** 2,
                grid_size=[grid, grid], question_len=QUESTION_LEN, embed_dim=args.embed_dim, depth=args.depth,
                num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, goat_modes=args.goat_modes,
-               drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=goat_prior_init(args, arch)))
+               drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=args.goat_prior_init))
     if arch == 'fusion':
         return dict(cfg, arch='fusion', cross_attn=cross_attn, image_pos=args.image_pos)
     return dict(cfg, image_attention=args.image_attention)
@@ -296,24 +296,20 @@ ARCH_WARMUP_FRAC = {'single': 0.05, 'fusion': 0.5}
 
 
 def run_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
-    """``args`` for the run of model label ``name``: ``--warmup-frac`` and ``--image-pos`` left at their default get
-    the architecture's value (fusion: a warm-up over half the updates, and sin / cos image positions for a content
-    cross-attention; single stream: 0.05 and none). Other flags are unchanged."""
+    """``args`` for the run of model label ``name``: ``--goat-prior-init``, ``--warmup-frac`` and ``--image-pos`` left
+    at their default get the architecture's value. Single stream: the 'offsets' start (``VQA_GOAT_DEFAULTS``), 0.05,
+    none. Fusion: zero (its 1D decoder self-attention takes no 2D start), a warm-up over half the updates, and
+    sin / cos image positions for a content cross-attention. Other flags are unchanged; run configs store the
+    resolved values."""
     _, arch, cross_attn = parse_model_name(name)
     resolved = argparse.Namespace(**vars(args))
+    if getattr(args, 'goat_prior_init', 'zero') is None:
+        resolved.goat_prior_init = 'zero' if arch == 'fusion' else VQA_GOAT_DEFAULTS['prior_init']
     if getattr(args, 'warmup_frac', 0.0) is None:
         resolved.warmup_frac = ARCH_WARMUP_FRAC[arch]
     if getattr(args, 'image_pos', 'none') is None:
         resolved.image_pos = 'sincos' if arch == 'fusion' and cross_attn in CONTENT_CROSS_ATTENTIONS else 'none'
     return resolved
-
-
-def goat_prior_init(args: argparse.Namespace, arch: str) -> str:
-    """``--goat-prior-init``, or the architecture's default: 'offsets' (``VQA_GOAT_DEFAULTS``) for the single-stream
-    model, 'zero' for fusion (its 1D decoder self-attention takes no 2D start). Stored resolved in config.json."""
-    if args.goat_prior_init is not None:
-        return args.goat_prior_init
-    return 'zero' if arch == 'fusion' else VQA_GOAT_DEFAULTS['prior_init']
 
 
 def build_model(cfg: Dict[str, Any]) -> nn.Module:

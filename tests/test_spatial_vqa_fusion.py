@@ -148,16 +148,17 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
 
 
 def test_architecture_defaults_are_resolved_per_run():
-    """--warmup-frac and --image-pos left at their defaults: 0.05 / none for the single-stream model; for fusion a
-    warm-up over half the updates, and sin / cos image positions with a content cross-attention (softmax, lavo),
-    none with a positional one (goat, pope). Flags given explicitly win."""
+    """--goat-prior-init, --warmup-frac and --image-pos left at their defaults: offsets / 0.05 / none for the
+    single-stream model; for fusion zero, a warm-up over half the updates, and sin / cos image positions with a
+    content cross-attention (softmax, lavo), none with a positional one (goat, pope). Explicit flags win."""
     args = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', *TINY])
     resolved = {name: recipe.run_args(args, name) for name in
                 ('goat', 'goat-fusion-softmax', 'goat-fusion-lavo', 'goat-fusion-goat')}
-    assert {n: (a.warmup_frac, a.image_pos) for n, a in resolved.items()} == {
-        'goat': (0.05, 'none'), 'goat-fusion-softmax': (0.5, 'sincos'), 'goat-fusion-lavo': (0.5, 'sincos'),
-        'goat-fusion-goat': (0.5, 'none')}
-    assert args.warmup_frac is None and args.image_pos is None  # the parsed flags themselves are left alone
+    assert {n: (a.goat_prior_init, a.warmup_frac, a.image_pos) for n, a in resolved.items()} == {
+        'goat': ('offsets', 0.05, 'none'), 'goat-fusion-softmax': ('zero', 0.5, 'sincos'),
+        'goat-fusion-lavo': ('zero', 0.5, 'sincos'), 'goat-fusion-goat': ('zero', 0.5, 'none')}
+    # the parsed flags themselves are left alone
+    assert args.goat_prior_init is None and args.warmup_frac is None and args.image_pos is None
     assert recipe.model_config(args, 'goat-fusion-lavo', 8)['image_pos'] == 'sincos'
     explicit = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'fusion', '--image-pos',
                                                  'none', '--warmup-frac', '0.1', *TINY])

@@ -98,9 +98,9 @@ class GoatPrior(nn.Module):
             model is not permutation-equivariant at the start, and unlike 'random' no two heads (and no two
             axes) start alike (README, spatial VQA ablation).
         init_std: Standard deviation of the 'random' init.
+        init_seed: Seed of the 'random' init.
         offset_radius: Distance of the 'offsets' start's bump centres from the query (coordinate units).
         offset_amplitude: Amplitude A of every mode in the 'offsets' start.
-        init_seed: Seed of the 'random' init.
         alibi_extent: Offset range of the 'alibi' fit; default 16 (2D) or 512 (1D).
         key_linear: Include the key-linear trend lambda_h p_j (the causal recency term).
         first_key_bias: Include b_h 1{p_j = 0}; default True in 1D, False in 2D.
