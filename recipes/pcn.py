@@ -52,7 +52,7 @@ from timm.optim import create_optimizer_v2
 from vision_priors.metrics import completion_metrics
 from vision_priors.models.point_completion import completion_loss, completion_model_names, create_completion_model
 
-from . import cli
+from . import cli, engine
 from .checkpoints import write_json_atomic
 from .data.pcn import BUILTIN_CATEGORIES, PCNDataset, read_point_cloud, write_builtin_pcn
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
@@ -267,6 +267,8 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     dcfg = data_config(args)
     train_set = dataset(dcfg, 'train', augment=True)
+    show_progress = engine.PROGRESS and accelerator.is_main_process
+    train_set.check_files(progress=show_progress)  # every file a training item can read, before the first write
     mcfg = model_config(args, cross_attn)
     model = cli.build_or_explain(lambda: build_model(mcfg), '--model-overrides', args.model_overrides,
                                  f"the {mcfg['name']} model with --cross-attn {cross_attn}")
@@ -281,6 +283,7 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
     evaluate = None
     if args.eval_every:
         val_set = dataset(dcfg, 'val')
+        val_set.check_files(progress=show_progress)
         val = eval_loader(val_set, args, accelerator)
 
         def evaluate() -> Dict[str, float]:
@@ -314,10 +317,12 @@ def load_model(run: Path, reads: Optional[Sequence[str]] = None):
 def run_eval(args: argparse.Namespace, runs: Sequence[str], out_dir: Path) -> List[Dict[str, Any]]:
     """Test-split metrics of each run (rows) and renders of a few test shapes (first run of each cross-attention)."""
     accelerator = make_accelerator(0, mixed_precision=args.amp, cpu=args.cpu)
+    loaded = [load_model(Path(run)) for run in runs]
+    test_sets = [dataset(config['data'], 'test') for config, _ in loaded]
+    for test_set in test_sets:  # every run's test files, before the first render is written
+        test_set.check_files(progress=engine.PROGRESS and accelerator.is_main_process)
     rows, rendered = [], set()
-    for run in runs:
-        config, model = load_model(Path(run))
-        test_set = dataset(config['data'], 'test')
+    for run, (config, model), test_set in zip(runs, loaded, test_sets):
         model = accelerator.prepare(model)
         summary = summarize_metrics(predict_metrics(model, eval_loader(test_set, args, accelerator), accelerator),
                                     test_set.categories)

@@ -135,3 +135,78 @@ def test_changed_data_folder_refuses_eval_naming_it(builtin_root, tmp_path):
         extra.unlink()
     recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--renders', '0'])
     assert (tmp_path / 'eval' / 'results.json').exists()
+
+
+def _copy_builtin(builtin_root: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny built-in dataset (written by the recipe into ``builtin_root``) to damage."""
+    import shutil
+    recipe.main(['train', '--cross-attn', 'vanilla', *tiny(builtin_root), '--updates', '1', '--out',
+                 str(tmp_path / 'warm')])  # writes the built-in folder if no earlier test did
+    source = next(builtin_root.glob('builtin-*'))
+    return Path(shutil.copytree(source, tmp_path / 'data'))
+
+
+def _set_point_nan(path: Path, index: int) -> None:
+    """Overwrite point ``index``'s x of a binary float32 x y z PCD with NaN, keeping the file's size."""
+    raw = bytearray(path.read_bytes())
+    start = raw.index(b'DATA binary\n') + len(b'DATA binary\n') + 12 * index
+    raw[start:start + 4] = np.array([np.nan], np.float32).tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def _first_model(root: Path, split: str) -> tuple:
+    entry = json.loads((root / 'PCN.json').read_text())[0]
+    return entry['taxonomy_id'], entry[split][0]
+
+
+@pytest.mark.parametrize('fault', ['nan_in_a_later_view', 'truncated_complete', 'nan_in_validation'])
+def test_damaged_point_cloud_refuses_train_before_any_write(builtin_root, tmp_path, fault):
+    """A damaged file anywhere a training item (or, with --eval-every, a validation item) can read is an error
+    naming the file and the value before the run folder exists; not only when a batch first draws it."""
+    data = _copy_builtin(builtin_root, tmp_path)
+    split = 'val' if fault == 'nan_in_validation' else 'train'
+    taxonomy, model = _first_model(data, split)
+    if fault == 'truncated_complete':
+        bad = data / split / 'complete' / taxonomy / f'{model}.pcd'
+        bad.write_bytes(bad.read_bytes()[:-120])  # ten whole points short
+        message = rf'{re.escape(str(bad))}: PCD data holds \d+ points but the header says POINTS \d+'
+    else:
+        bad = data / split / 'partial' / taxonomy / model / ('01.pcd' if split == 'train' else '00.pcd')
+        _set_point_nan(bad, 3)
+        message = rf'{re.escape(str(bad))}: point 3 is not finite: \[nan, '
+    out = tmp_path / 'run'
+    with pytest.raises(ValueError, match=message):
+        recipe.main(['train', '--cross-attn', 'lavo', *tiny(builtin_root), '--data', str(data), '--updates', '1',
+                     '--eval-every', '1', '--out', str(out)])
+    assert not out.exists()
+
+
+def test_damaged_test_file_refuses_eval_before_any_write(builtin_root, tmp_path, monkeypatch):
+    """A same-size corruption of a test file (a folder above the content-hash limit is fingerprinted by its
+    listing only, so the fingerprint cannot see it) is an error naming the file before eval writes anything."""
+    from vision_priors.recipes import fingerprint
+    monkeypatch.setattr(fingerprint, 'FOLDER_CONTENT_LIMIT', 0)
+    data = _copy_builtin(builtin_root, tmp_path)
+    run = tmp_path / 'run'
+    recipe.main(['train', '--cross-attn', 'vanilla', *tiny(builtin_root), '--data', str(data), '--updates', '1',
+                 '--out', str(run)])
+    taxonomy, model = _first_model(data, 'test')
+    bad = data / 'test' / 'complete' / f'{taxonomy}' / f'{model}.pcd'
+    _set_point_nan(bad, 5)
+    out = tmp_path / 'eval'
+    with pytest.raises(ValueError, match=rf'{re.escape(str(bad))}: point 5 is not finite: \[nan, '):
+        recipe.main(['eval', str(run), str(run), '--out', str(out), '--cpu', '--renders', '1'])
+    assert not out.exists()
+
+
+def test_check_files_reads_each_file_once_per_process(builtin_root, tmp_path):
+    """Training items read every view, evaluation items view 0; a second check of unchanged files reads none,
+    a rewritten file is read again."""
+    from vision_priors.recipes.data.pcn import PCNDataset
+    data = _copy_builtin(builtin_root, tmp_path)
+    train, test = PCNDataset(data, 'train', augment=True), PCNDataset(data, 'test')
+    assert len(train.item_files()) == len(train) * 3 and len(test.item_files()) == len(test) * 2  # 2 views
+    assert train.check_files() == len(train) * 3 and train.check_files() == 0
+    first = train.item_files()[0]
+    first.write_bytes(first.read_bytes())  # same bytes, a new modification time
+    assert train.check_files() <= 1 and test.check_files() == len(test) * 2
