@@ -13,7 +13,8 @@ therefore stores :func:`data_fingerprints` of the files and folders it reads und
 A file's fingerprint hashes its bytes (streamed). A folder's hashes its listing (relative path and size of every
 file below it) and, when its files total at most :data:`FOLDER_CONTENT_LIMIT` bytes, their contents too (so a
 same-size edit inside a built-in PCN folder or a CIFAR batch folder is caught); larger folders (ImageNet-style
-trees) are fingerprinted by their listing only. Runs stored before fingerprints existed hold no
+trees) are fingerprinted by their listing only. A recipe whose loader skips hidden files (the language recipe's
+text folders) fingerprints without them (``skip_hidden``), so a stray ``.DS_Store`` does not refuse a resume. Runs stored before fingerprints existed hold no
 :data:`DATA_FINGERPRINT` and load as before; a stored fingerprint is compared on the keys it holds (one stored
 before folder contents were hashed is compared on its listing).
 """
@@ -27,6 +28,7 @@ DATA_FINGERPRINT = 'data_fingerprint'  # the config key: {data path: data_finger
 _CHUNK = 1 << 20
 FOLDER_CONTENT_LIMIT = 256 << 20  # folders up to this many bytes also get their files' contents hashed
 _ORDER = ('kind', 'files', 'bytes', 'sha256', 'contents_sha256')  # how a change is reported
+HIDDEN_SKIPPED = 'skipped'  # a folder fingerprint's 'hidden' value: hidden entries left out
 
 
 def _file_sha256(path: Path) -> str:
@@ -37,8 +39,9 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _folder_listing(root: Path) -> List[tuple]:
-    """(relative posix path, size) of every file below ``root``, sorted; symbolic links followed, each folder once."""
+def _folder_listing(root: Path, skip_hidden: bool = False) -> List[tuple]:
+    """(relative posix path, size) of every file below ``root``, sorted; symbolic links followed, each folder once;
+    ``skip_hidden``: without files and folders whose name starts with a dot (and everything below such a folder)."""
     listing, seen = [], set()
     for folder, dirs, files in os.walk(root, followlinks=True):
         stat = os.stat(folder)
@@ -46,6 +49,9 @@ def _folder_listing(root: Path) -> List[tuple]:
             dirs[:] = []
             continue
         seen.add((stat.st_dev, stat.st_ino))
+        if skip_hidden:
+            dirs[:] = [name for name in dirs if not name.startswith('.')]
+            files = [name for name in files if not name.startswith('.')]
         for name in files:
             path = Path(folder) / name
             try:
@@ -56,23 +62,27 @@ def _folder_listing(root: Path) -> List[tuple]:
     return sorted(listing)
 
 
-def data_fingerprint(path: PathLike) -> Dict[str, Any]:
+def data_fingerprint(path: PathLike, skip_hidden: bool = False) -> Dict[str, Any]:
     """What ``path`` holds now.
 
     A file: ``{'kind': 'file', 'bytes': size, 'sha256': hash of the bytes}``. A folder: ``{'kind': 'folder',
     'files': count, 'bytes': total size, 'sha256': hash of the sorted (relative path, size) listing}``, plus
     ``'contents_sha256'`` (a hash of every file's path, size and SHA-256) when the total is at most
-    :data:`FOLDER_CONTENT_LIMIT` bytes.
+    :data:`FOLDER_CONTENT_LIMIT` bytes. ``skip_hidden`` (for a loader that skips them, e.g. the text folders of
+    ``recipes.data.text``): a folder's hidden files and folders (name starting with a dot) are left out, and the
+    fingerprint records ``'hidden': 'skipped'`` so that later checks leave them out too.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (naming it).
     """
     path = Path(path)
     if path.is_dir():
-        listing = _folder_listing(path)
+        listing = _folder_listing(path, skip_hidden)
         digest = hashlib.sha256(''.join(f'{name}\t{size}\n' for name, size in listing).encode('utf-8'))
         total = sum(size for _, size in listing)
         found = dict(kind='folder', files=len(listing), bytes=total, sha256=digest.hexdigest())
+        if skip_hidden:
+            found['hidden'] = HIDDEN_SKIPPED
         if total <= FOLDER_CONTENT_LIMIT:
             contents = hashlib.sha256()
             for name, size in listing:
@@ -84,10 +94,10 @@ def data_fingerprint(path: PathLike) -> Dict[str, Any]:
     raise FileNotFoundError(f'data {path} does not exist (no file or folder to fingerprint)')
 
 
-def data_fingerprints(paths: Iterable[Optional[PathLike]]) -> Dict[str, Dict[str, Any]]:
-    """``{str(path): data_fingerprint(path)}`` of the data files / folders a run reads (``None`` entries skipped;
-    empty when it reads none): the value of a config's :data:`DATA_FINGERPRINT`."""
-    return {str(p): data_fingerprint(p) for p in paths if p is not None}
+def data_fingerprints(paths: Iterable[Optional[PathLike]], skip_hidden: bool = False) -> Dict[str, Dict[str, Any]]:
+    """``{str(path): data_fingerprint(path, skip_hidden)}`` of the data files / folders a run reads (``None`` entries
+    skipped; empty when it reads none): the value of a config's :data:`DATA_FINGERPRINT`."""
+    return {str(p): data_fingerprint(p, skip_hidden) for p in paths if p is not None}
 
 
 def _show(key: str, value: Any) -> str:
@@ -151,7 +161,7 @@ def check_data_unchanged(config: Dict[str, Any], run: PathLike, reads: Optional[
     missing = []
     for path in stored:
         try:
-            found[path] = data_fingerprint(path)
+            found[path] = data_fingerprint(path, skip_hidden=stored[path].get('hidden') == HIDDEN_SKIPPED)
         except FileNotFoundError:
             missing.append(path)
     if missing:
@@ -163,5 +173,5 @@ def check_data_unchanged(config: Dict[str, Any], run: PathLike, reads: Optional[
                          f'was trained on, or train a new run on these data')
 
 
-__all__ = ['DATA_FINGERPRINT', 'FOLDER_CONTENT_LIMIT', 'check_data_unchanged', 'check_stored_fingerprints',
+__all__ = ['DATA_FINGERPRINT', 'FOLDER_CONTENT_LIMIT', 'HIDDEN_SKIPPED', 'check_data_unchanged', 'check_stored_fingerprints',
            'data_fingerprint', 'data_fingerprints', 'fingerprint_changes']

@@ -302,7 +302,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
     text = dcfg.get('text') if task == 'lm' else None
     config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg, init_from=str(init_from) if init_from else None,
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
-                  data_fingerprint=data_fingerprints(text or []))
+                  data_fingerprint=data_fingerprints(text or [], skip_hidden=True))  # as the text loader reads
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
     total_updates = count_updates(updates, args.epochs, len(loader), args.grad_accum)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)

@@ -186,3 +186,29 @@ def test_lm_run_without_fingerprints_still_evaluates(text_run, tmp_path):
     rows = recipe.main(['ppl', str(run), '--multiples', '1', '--eval-windows', '1', '--cpu',
                         '--out', str(tmp_path / 'ppl')])['rows']
     assert rows[0]['attn'] == 'rope'
+
+
+def test_hidden_files_in_a_text_folder_do_not_refuse_resume_or_ppl(tmp_path):
+    """The text loader skips hidden files, so does the run's fingerprint of a --text folder: a .DS_Store or an
+    editor's swap file written into it after training does not refuse --resume or ppl; a new visible file does."""
+    from vision_priors.recipes.data.text import builtin_corpus
+    folder = tmp_path / 'texts'
+    folder.mkdir()
+    (folder / 'corpus.txt').write_bytes(b'\n'.join(d.data for d in builtin_corpus())[:80_000])
+    out = tmp_path / 'train'
+    common = ['train', '--methods', 'rope', *tiny(), '--text', str(folder), '--updates', '2', '--checkpoint-every', '1',
+              '--out', str(out)]
+    recipe.main([*common, '--stop-after', '1'])
+    run = out / 'rope' / 'seed0'
+    stored = json.loads((run / 'config.json').read_text())['data_fingerprint'][str(folder)]
+    assert stored['hidden'] == 'skipped' and stored['files'] == 1
+    (folder / '.DS_Store').write_bytes(bytes(range(256)))
+    (folder / '.corpus.txt.swp').write_text('swap')
+    recipe.main([*common, '--resume'])
+    assert json.loads((run / 'latest.json').read_text())['step'] == 2
+    ppl = ['ppl', str(run), '--multiples', '1', '--eval-windows', '1', '--cpu']
+    assert recipe.main([*ppl, '--out', str(tmp_path / 'ppl')])['rows'][0]['ppl']['1']['ppl'] > 1
+    (folder / 'more.txt').write_text('more prose')
+    with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {folder}: files 1 -> 2')):
+        recipe.main([*ppl, '--out', str(tmp_path / 'ppl2')])
+    assert not (tmp_path / 'ppl2').exists()

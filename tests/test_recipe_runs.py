@@ -397,6 +397,33 @@ def test_data_fingerprint_of_a_file_a_folder_and_a_missing_path(tmp_path, monkey
     assert data_fingerprints([None]) == {} and list(data_fingerprints([file, folder])) == [str(file), str(folder)]
 
 
+def test_fingerprint_without_hidden_entries(tmp_path):
+    """skip_hidden (the text loader's view of a folder): hidden files and everything under a hidden folder are left
+    out and the fingerprint says so; a hidden file added later changes nothing, a visible edit still refuses, and
+    check_data_unchanged re-fingerprints in the mode the stored fingerprint records."""
+    from vision_priors.recipes.fingerprint import HIDDEN_SKIPPED, check_data_unchanged, data_fingerprint
+    folder = tmp_path / 'texts'
+    (folder / 'docs').mkdir(parents=True)
+    (folder / 'docs' / 'a.txt').write_text('alpha')
+    (folder / '.git').mkdir()
+    (folder / '.git' / 'HEAD').write_text('ref')
+    (folder / '.notes').write_text('hidden')
+    stored = data_fingerprint(folder, skip_hidden=True)
+    assert stored['hidden'] == HIDDEN_SKIPPED and stored['files'] == 1 and stored['bytes'] == 5
+    assert data_fingerprint(folder)['files'] == 3 and 'hidden' not in data_fingerprint(folder)
+    config = dict(data_fingerprint={str(folder): stored})
+    (folder / '.DS_Store').write_bytes(b'\0' * 64)
+    (folder / 'docs' / '.swp').write_text('editor')
+    check_data_unchanged(config, 'RUN')
+    assert data_fingerprint(folder, skip_hidden=True) == stored
+    (folder / 'docs' / 'a.txt').write_text('ALPHA')
+    with pytest.raises(ValueError, match=re.escape(f'{folder}: contents_sha256 ')):
+        check_data_unchanged(config, 'RUN')
+    (folder / 'docs' / 'b.txt').write_text('beta')
+    with pytest.raises(ValueError, match=re.escape(f'{folder}: files 1 -> 2, bytes 5 -> 9')):
+        check_data_unchanged(config, 'RUN')
+
+
 def test_check_data_unchanged_names_the_file_and_what_changed(tmp_path):
     from vision_priors.recipes.fingerprint import check_data_unchanged, data_fingerprints
     a, b = tmp_path / 'a.txt', tmp_path / 'b.txt'
