@@ -45,8 +45,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from timm.optim import create_optimizer_v2
 
-from vision_priors.models.informer import (ATTENTIONS, CROSS_ATTENTIONS, create_forecast_model, decoder_input,
-                                           forecast_model_names)
+from vision_priors.models.informer import (ATTENTIONS, CROSS_ATTENTIONS, FORECAST_MODELS, create_forecast_model,
+                                           decoder_input, forecast_model_names)
 
 from . import cli
 from .data.ett import FEATURE_MODES, LAYOUTS, ForecastSeries, write_ett_csv
@@ -64,6 +64,9 @@ METRICS = ('mse', 'mae')
 # horizon 24 (0.823 / 0.645 / 0.601 after one epoch); the linear baseline: DLinear's ETTh1 script
 DEFAULT_LR = {'informer': 1e-4, 'informer_mid': 1e-3, 'informer_cpu': 1e-4, BASELINE: 5e-3}
 EVAL_ONLY_FLAGS = ('plot_windows',)
+# named configs whose default 'mix' changed (Informer2020's mix=True): their runs stored without 'mix' were
+# built with mix=False and are rebuilt so; new runs store it
+LEGACY_UNMIXED = ('informer',)
 # Informer paper (Zhou et al. 2021), Table 2, ETTh1 multivariate: horizon -> (MSE, MAE)
 PUBLISHED = {('ETTh1', 'M'): {24: (0.577, 0.549), 48: (0.685, 0.625), 168: (0.931, 0.752), 336: (1.128, 0.873),
                               720: (1.215, 0.896)}}
@@ -217,12 +220,17 @@ def model_config(args: argparse.Namespace, method: str, series: ForecastSeries) 
                 label_len=series.label_len, pred_len=series.pred_len, mark_dim=series.mark_dim)
     if method == BASELINE:
         return dict(name=BASELINE, overrides=dims)
-    return dict(name=args.model, overrides=dict(cli.model_overrides(args.model_overrides), attn=args.attn,
+    # 'informer' runs store the decoder's head mixing resolved: runs stored without it were built with mix=False
+    named_mix = dict(mix=bool(FORECAST_MODELS[args.model].get('mix', False))) if args.model in LEGACY_UNMIXED else {}
+    return dict(name=args.model, overrides=dict(named_mix, **cli.model_overrides(args.model_overrides), attn=args.attn,
                                                 cross_attn=method, **dims))
 
 
 def build_model(cfg: Dict[str, Any]) -> nn.Module:
-    return create_forecast_model(cfg['name'], **cfg['overrides'])
+    overrides = dict(cfg['overrides'])
+    if cfg['name'] in LEGACY_UNMIXED and 'mix' not in overrides:
+        overrides['mix'] = False  # a run stored before 'informer' took Informer2020's mix=True was trained without it
+    return create_forecast_model(cfg['name'], **overrides)
 
 
 # ------------------------------------------------------------------------------------------ step

@@ -225,3 +225,26 @@ def test_run_stored_before_fingerprints_still_evaluates_with_the_column_check(ti
     with pytest.raises(ValueError, match=r"the data changed since run .* \(columns: .*'HULL2'"):
         recipe.main(['eval', str(run), '--out', str(tmp_path / 'eval'), '--cpu', '--threads', '1'])
     assert not (tmp_path / 'eval').exists()
+
+
+def test_informer_runs_store_the_decoder_head_mixing_and_older_runs_rebuild_without_it(tiny_csv):
+    """'informer' is Informer2020's configuration, mix=True included; its runs store mix resolved. A run stored
+    before that default (no 'mix' in its overrides) was trained with mix=False and is rebuilt so; an explicit
+    --model-overrides mix wins; the other named configs store nothing new."""
+    from vision_priors.recipes.data.ett import ForecastSeries
+    args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv), '--model', 'informer'])
+    series = recipe.load_series(recipe.data_config(args, 4))
+    cfg = recipe.model_config(args, 'full', series)
+    assert cfg['overrides']['mix'] is True
+    assert recipe.build_model(cfg).decoder.layers[0].self_attention.mix
+    legacy = dict(cfg, overrides={k: v for k, v in cfg['overrides'].items() if k != 'mix'})
+    assert not recipe.build_model(legacy).decoder.layers[0].self_attention.mix
+    args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv), '--model', 'informer',
+                                             '--model-overrides', '{"mix": false, "d_model": 8, "n_heads": 2}'])
+    assert recipe.model_config(args, 'lavo', series)['overrides']['mix'] is False
+    for name in ('informer_mid', 'informer_cpu'):
+        args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv), '--model', name])
+        cfg = recipe.model_config(args, 'full', series)
+        assert 'mix' not in cfg['overrides']
+        assert recipe.build_model(cfg).decoder.layers[0].self_attention.mix is (name == 'informer_mid')
+    assert isinstance(series, ForecastSeries)
