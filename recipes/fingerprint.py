@@ -14,8 +14,8 @@ A file's fingerprint hashes its bytes (streamed). A folder's hashes its listing 
 file below it) and, when its files total at most :data:`FOLDER_CONTENT_LIMIT` bytes, their contents too (so a
 same-size edit inside a built-in PCN folder or a CIFAR batch folder is caught); larger folders (ImageNet-style
 trees) are fingerprinted by their listing only. A recipe whose loader skips hidden files (the language recipe's
-text folders) fingerprints without them (``skip_hidden``), so a stray ``.DS_Store`` does not refuse a resume. Runs stored before fingerprints existed hold no
-:data:`DATA_FINGERPRINT` and load as before; a stored fingerprint is compared on the keys it holds (one stored
+text folders) fingerprints without them (``skip_hidden``), so a stray ``.DS_Store`` does not refuse a resume.
+Runs stored before fingerprints existed hold no :data:`DATA_FINGERPRINT` and load as before; a stored fingerprint is compared on the keys it holds (one stored
 before folder contents were hashed is compared on its listing).
 """
 import hashlib
@@ -173,5 +173,5 @@ def check_data_unchanged(config: Dict[str, Any], run: PathLike, reads: Optional[
                          f'was trained on, or train a new run on these data')
 
 
-__all__ = ['DATA_FINGERPRINT', 'FOLDER_CONTENT_LIMIT', 'HIDDEN_SKIPPED', 'check_data_unchanged', 'check_stored_fingerprints',
-           'data_fingerprint', 'data_fingerprints', 'fingerprint_changes']
+__all__ = ['DATA_FINGERPRINT', 'FOLDER_CONTENT_LIMIT', 'HIDDEN_SKIPPED', 'check_data_unchanged',
+           'check_stored_fingerprints', 'data_fingerprint', 'data_fingerprints', 'fingerprint_changes']
