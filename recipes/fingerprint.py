@@ -15,8 +15,8 @@ file below it) and, when its files total at most :data:`FOLDER_CONTENT_LIMIT` by
 same-size edit inside a built-in PCN folder or a CIFAR batch folder is caught); larger folders (ImageNet-style
 trees) are fingerprinted by their listing only. A recipe whose loader skips hidden files (the language recipe's
 text folders) fingerprints without them (``skip_hidden``), so a stray ``.DS_Store`` does not refuse a resume.
-Runs stored before fingerprints existed hold no :data:`DATA_FINGERPRINT` and load as before; a stored fingerprint is compared on the keys it holds (one stored
-before folder contents were hashed is compared on its listing).
+Runs stored before fingerprints existed hold no :data:`DATA_FINGERPRINT` and load as before; a stored fingerprint
+is compared on the keys it holds (one stored before folder contents were hashed is compared on its listing).
 """
 import hashlib
 import os
