@@ -325,5 +325,5 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
 
 __all__ = ['CONFIG', 'CONFIG_KEYS', 'DATA_FINGERPRINT', 'CheckpointError', 'FinishedRun', 'RunFolder',
            'SettingsChecked', 'check_not_a_run', 'check_not_inside_a_run', 'check_resumed_runs', 'config_differences',
-           'data_fingerprints', 'enclosing_run', 'holds_run', 'load_finished_run', 'read_config', 'resume_flag', 'run_settings', 'settings_check_only',
-           'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']
+           'data_fingerprints', 'enclosing_run', 'holds_run', 'load_finished_run', 'read_config', 'resume_flag',
+           'run_settings', 'settings_check_only', 'sweep_folders', 'sweep_jobs', 'to_json', 'train_sweep']

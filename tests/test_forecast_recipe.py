@@ -231,7 +231,6 @@ def test_informer_runs_store_the_decoder_head_mixing_and_older_runs_rebuild_with
     """'informer' is Informer2020's configuration, mix=True included; its runs store mix resolved. A run stored
     before that default (no 'mix' in its overrides) was trained with mix=False and is rebuilt so; an explicit
     --model-overrides mix wins; the other named configs store nothing new."""
-    from vision_priors.recipes.data.ett import ForecastSeries
     args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv), '--model', 'informer'])
     series = recipe.load_series(recipe.data_config(args, 4))
     cfg = recipe.model_config(args, 'full', series)
@@ -247,4 +246,3 @@ def test_informer_runs_store_the_decoder_head_mixing_and_older_runs_rebuild_with
         cfg = recipe.model_config(args, 'full', series)
         assert 'mix' not in cfg['overrides']
         assert recipe.build_model(cfg).decoder.layers[0].self_attention.mix is (name == 'informer_mid')
-    assert isinstance(series, ForecastSeries)
