@@ -11,7 +11,8 @@ Commands (``vision-priors forecast COMMAND --help`` explains every option):
             weights when present), table, JSON and a plot of predictions vs truth (target column).
   compare   train + eval full / LAVO cross-attention and the linear baseline over ``--pred-lens`` and
             ``--seeds``: mean +- std table beside the published Informer figures, JSON, plot. ``--seq-lens`` /
-            ``--label-lens`` give each horizon its own lengths (paired with ``--pred-lens``).
+            ``--label-lens`` give each horizon its own lengths and ``--factors`` its own ProbSparse factor
+            (paired with ``--pred-lens``).
 
 Data (``--data``, ``vision_priors.recipes.data.ett``): a CSV with a ``date`` column, read, split and scaled as
 Informer does (``ETTh*`` files 12 / 4 / 4 months, ``ETTm*`` x 4, others 70 / 10 / 20 %; standard scaling fitted
@@ -33,7 +34,7 @@ an hour on two shared cores):
 Informer's full size and protocol (d_model 512, 6 epochs, patience 3, the script's lengths), e.g. on a GPU:
 
   vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 \\
-      --seq-lens 48 96 168 168 336 --label-lens 48 48 168 168 336 --seeds 0 1 2
+      --seq-lens 48 96 168 168 336 --label-lens 48 48 168 168 336 --factors 3 5 5 5 5 --seeds 0 1 2
 """
 import argparse
 from pathlib import Path
@@ -115,6 +116,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_data_args(p, sweep)
     add_model_args(p)
+    if sweep:
+        p.add_argument('--factors', type=cli.positive_int, nargs='+', default=None,
+                       help="ProbSparse factor c per horizon, paired with --pred-lens (default: the named config's; "
+                            "Informer's ETTh1 script: 3 5 5 for 24 48 168)")
     cli.add_optim_flags(p, lr=1e-4, epochs=6, warmup_frac=0.0, weight_decay=0.0)
     g = p.add_argument_group('Informer schedule')
     g.add_argument('--schedule', choices=('halve', 'cosine'), default='halve',
@@ -159,11 +164,14 @@ def validate(args: argparse.Namespace) -> None:
         cli.model_overrides(args.model_overrides)
     if getattr(args, 'pred_lens', None):
         cli.check_unique('--pred-lens', args.pred_lens)
-        for flag in ('seq_lens', 'label_lens'):
+        for flag in ('seq_lens', 'label_lens', 'factors'):
             values = getattr(args, flag)
             if values is not None and len(values) != len(args.pred_lens):
-                raise ValueError(f'--{flag.replace("_", "-")} gives {len(values)} length(s) for {len(args.pred_lens)} '
+                what = 'factor(s)' if flag == 'factors' else 'length(s)'
+                raise ValueError(f'--{flag.replace("_", "-")} gives {len(values)} {what} for {len(args.pred_lens)} '
                                  f'--pred-lens {args.pred_lens}: give one per horizon, in the same order')
+        if getattr(args, 'factors', None) is not None and 'factor' in cli.model_overrides(args.model_overrides):
+            raise ValueError('--factors and a "factor" in --model-overrides both set the ProbSparse factor: give one')
     if hasattr(args, 'label_len'):
         for pred_len in getattr(args, 'pred_lens', None) or [getattr(args, 'pred_len', None)]:
             seq_len, label_len = horizon_lengths(args, pred_len)
@@ -200,6 +208,13 @@ def horizon_lengths(args: argparse.Namespace, pred_len: int) -> Tuple[int, int]:
     return lengths[0], lengths[1]
 
 
+def horizon_factor(args: argparse.Namespace, pred_len: int) -> Dict[str, int]:
+    """``{'factor': c}`` of horizon ``pred_len`` from ``--factors`` (compare), else ``{}`` (the named config's
+    factor, or the one in ``--model-overrides``)."""
+    factors = getattr(args, 'factors', None)
+    return dict(factor=factors[list(args.pred_lens).index(pred_len)]) if factors else {}
+
+
 def data_config(args: argparse.Namespace, pred_len: int) -> Dict[str, Any]:
     """Everything that fixes the data of a run (saved in config.json, reused by ``eval``)."""
     seq_len, label_len = horizon_lengths(args, pred_len)
@@ -222,7 +237,8 @@ def model_config(args: argparse.Namespace, method: str, series: ForecastSeries) 
         return dict(name=BASELINE, overrides=dims)
     # 'informer' runs store the decoder's head mixing resolved: runs stored without it were built with mix=False
     named_mix = dict(mix=bool(FORECAST_MODELS[args.model].get('mix', False))) if args.model in LEGACY_UNMIXED else {}
-    return dict(name=args.model, overrides=dict(named_mix, **cli.model_overrides(args.model_overrides), attn=args.attn,
+    return dict(name=args.model, overrides=dict(named_mix, **cli.model_overrides(args.model_overrides),
+                                                **horizon_factor(args, series.pred_len), attn=args.attn,
                                                 cross_attn=method, **dims))
 
 
@@ -333,7 +349,7 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
         f"{series.label_len}, pred_len {series.pred_len}, {series.channels} channel(s))")
     lr = args.lr or DEFAULT_LR[mcfg['name']]
     settings = {k: v for k, v in run_settings(args).items()
-                if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'baseline')}
+                if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'factors', 'baseline')}
     settings.update(seq_len=dcfg['seq_len'], label_len=dcfg['label_len'])  # this run's lengths (per horizon)
     config = dict(method=method, seed=seed, lr=lr, model=mcfg, data=dcfg, columns=series.columns,
                   borders=series.borders, parameters=sum(p.numel() for p in model.parameters()), args=settings,

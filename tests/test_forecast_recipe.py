@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from run_helpers import assert_same_final_weights, drop_data_fingerprint, snapshot
+from vision_priors.models import informer as informer_models
 from vision_priors.recipes import forecast as recipe
 from vision_priors.recipes.data.ett import write_ett_csv
 
@@ -90,6 +91,32 @@ def test_compare_per_horizon_lengths(tiny_csv, tmp_path):
                                              '20'])
     recipe.validate(args)
     assert [recipe.horizon_lengths(args, p) for p in (4, 8)] == [(12, 8), (20, 8)]  # --label-len for both
+
+
+def test_compare_per_horizon_factors(tiny_csv, tmp_path):
+    """--factors pairs a ProbSparse factor with each --pred-lens entry (Informer's ETTh1 script: 3 for horizon 24,
+    its default 5 for the others); each run's model is built with, and its config stores, its own factor."""
+    out = tmp_path / 'cmp'
+    recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--factors', '3', '2', '--seeds', '0',
+                 '--updates', '1', '--eval-every', '0', '--no-baseline', '--out', str(out)])
+    for pred_len, factor in ((4, 3), (8, 2)):
+        for method in ('full', 'lavo'):
+            config = json.loads((out / f'h{pred_len}' / method / 'seed0' / 'config.json').read_text())
+            assert config['model']['overrides']['factor'] == factor and 'factors' not in config['args']
+            model = recipe.build_model(config['model'])
+            factors = {m.factor for m in model.modules() if isinstance(m, informer_models.ProbAttention)}
+            assert factors == {factor}  # every ProbSparse attention, encoder and decoder
+    # without --factors the named config's factor stands and nothing is added to the overrides
+    args = recipe.build_parser().parse_args(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8'])
+    recipe.validate(args)
+    assert recipe.horizon_factor(args, 8) == {}
+    with pytest.raises(ValueError, match=r'--factors gives 1 factor\(s\) for 2 --pred-lens \[4, 8\]'):
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--factors', '3', '--out',
+                     str(tmp_path / 'bad')])
+    with pytest.raises(ValueError, match='--factors and a "factor" in --model-overrides'):
+        recipe.main(['compare', '--data', str(tiny_csv), '--model-overrides', '{"factor": 3}', '--pred-lens', '4',
+                     '--factors', '3', '--cpu', '--out', str(tmp_path / 'bad')])
+    assert not (tmp_path / 'bad').exists()  # refused before any folder is written
 
 
 def test_metrics_schedule_and_published_table():
