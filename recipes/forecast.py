@@ -19,19 +19,19 @@ Informer does (``ETTh*`` files 12 / 4 / 4 months, ``ETTm*`` x 4, others 70 / 10 
 on the training rows; windows ``seq_len`` / ``label_len`` / ``pred_len``; time features ``timeenc=1``), or
 nothing: a generated ETT-format CSV (20 months, hourly; written once to ``--builtin-root``).
 
-Published-figure comparison on the real ETTh1 (multivariate), CPU-sized (the README's table: the
-``informer_cpu`` configuration, d_model 64, one epoch; about 23 min on two shared cores):
+Smoke run on the real ETTh1 (multivariate), the small ``informer_cpu`` (d_model 64), one epoch:
 
   vision-priors forecast compare --data ../shared/data/ett/ETTh1.csv --features M --pred-lens 24 48 168 \\
       --seeds 0 1 --epochs 1 --threads 1 --out outputs/forecast
 
-Informer's per-horizon lengths (``scripts/ETTh1.sh``) with the quarter-width ``informer_mid``, one epoch (about
-an hour on two shared cores):
+The README's table: Informer's per-horizon lengths (``scripts/ETTh1.sh``) with the quarter-width ``informer_mid``,
+one epoch (about an hour on two CPU cores):
 
   vision-priors forecast compare --data ../shared/data/ett/ETTh1.csv --features M --model informer_mid \\
       --pred-lens 24 48 168 --seq-lens 48 96 168 --label-lens 48 48 168 --seeds 0 1 --epochs 1 --threads 1
 
-Informer's full size and protocol (d_model 512, 6 epochs, patience 3, the script's lengths), e.g. on a GPU:
+Informer's full size and protocol (d_model 512, ``mix=True``, 6 epochs, patience 3, the script's lengths and
+factors), e.g. on a GPU:
 
   vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 \\
       --seq-lens 48 96 168 168 336 --label-lens 48 48 168 168 336 --factors 3 5 5 5 5 --seeds 0 1 2
