@@ -198,21 +198,25 @@ def data_path(args: argparse.Namespace) -> Path:
     return path
 
 
+def paired_with_horizon(args: argparse.Namespace, flag: str, pred_len: int) -> Optional[int]:
+    """The entry of the per-horizon list ``flag`` (``seq_lens`` / ``label_lens`` / ``factors``, compare) paired with
+    horizon ``pred_len`` in ``--pred-lens``; None where the list is not given."""
+    values = getattr(args, flag, None)
+    return values[list(args.pred_lens).index(pred_len)] if values else None
+
+
 def horizon_lengths(args: argparse.Namespace, pred_len: int) -> Tuple[int, int]:
-    """``(seq_len, label_len)`` of horizon ``pred_len``: the entry of ``--seq-lens`` / ``--label-lens`` paired with
-    it in ``--pred-lens`` (compare), else ``--seq-len`` / ``--label-len``."""
-    lengths = []
-    for flag in ('seq_len', 'label_len'):
-        per_horizon = getattr(args, flag + 's', None)
-        lengths.append(per_horizon[list(args.pred_lens).index(pred_len)] if per_horizon else getattr(args, flag))
-    return lengths[0], lengths[1]
+    """``(seq_len, label_len)`` of horizon ``pred_len``: its ``--seq-lens`` / ``--label-lens`` entries, else
+    ``--seq-len`` / ``--label-len``."""
+    seq_len, label_len = (paired_with_horizon(args, flag + 's', pred_len) for flag in ('seq_len', 'label_len'))
+    return (args.seq_len if seq_len is None else seq_len), (args.label_len if label_len is None else label_len)
 
 
 def horizon_factor(args: argparse.Namespace, pred_len: int) -> Dict[str, int]:
-    """``{'factor': c}`` of horizon ``pred_len`` from ``--factors`` (compare), else ``{}`` (the named config's
-    factor, or the one in ``--model-overrides``)."""
-    factors = getattr(args, 'factors', None)
-    return dict(factor=factors[list(args.pred_lens).index(pred_len)]) if factors else {}
+    """``{'factor': c}`` of horizon ``pred_len`` from ``--factors``, else ``{}`` (the named config's factor, or the
+    one in ``--model-overrides``)."""
+    factor = paired_with_horizon(args, 'factors', pred_len)
+    return {} if factor is None else dict(factor=factor)
 
 
 def data_config(args: argparse.Namespace, pred_len: int) -> Dict[str, Any]:
