@@ -120,8 +120,13 @@ def close_distributed() -> None:
 
 
 def train_loader(dataset: Dataset, batch_size: int, seed: int, num_workers: int = 0) -> DataLoader:
-    """Shuffled, seeded, drop-last loader over a map-style dataset whose augmentation is per-sample seeded."""
-    loader = DataLoader(PerSampleSeeds(dataset, seed), batch_size=batch_size, shuffle=True, drop_last=True,
+    """Shuffled, seeded, drop-last loader over a map-style dataset whose augmentation is per-sample seeded.
+
+    A dataset whose class sets ``draws_random = False`` (its items are fixed tensors, e.g. pre-rendered scenes) is
+    read directly: seeding three RNGs per sample would cost about a third of a small model's training step and
+    change nothing."""
+    items = PerSampleSeeds(dataset, seed) if getattr(dataset, 'draws_random', True) else dataset
+    loader = DataLoader(items, batch_size=batch_size, shuffle=True, drop_last=True,
                         num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
     if len(loader) == 0:
         raise ValueError(f'{len(dataset)} training samples < --batch-size {batch_size}: no full batch')

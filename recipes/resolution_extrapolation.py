@@ -146,7 +146,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_data_args(p)
     add_model_args(p)
-    cli.add_optim_flags(p, lr=2e-3, epochs=4, warmup_frac=0.1)
+    cli.add_optim_flags(p, lr=2e-3, epochs=5, warmup_frac=0.1)
     cli.add_prior_lr_flag(p, default=VISION_PRIOR_LR_SCALE)
     g = p.add_argument_group('regularisation')
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')

@@ -654,6 +654,27 @@ def test_per_sample_seeds_seed_the_cpu_generator_and_restore_every_rng():
     assert torch.equal(item[0], expected[0]) and item[1:] == expected[1:]
 
 
+def test_train_loader_reads_random_free_datasets_directly_with_the_same_batches():
+    """Pre-rendered scenes draw no random numbers, so the training loader reads them without per-sample seeding
+    (a third of a small model's step); the batches, and the RNG streams the model sees, are the same as with it."""
+    from torch.utils.data import DataLoader
+
+    from vision_priors.recipes.data.builtin_scenes import RenderedScenes, SpatialScenes
+    from vision_priors.recipes.engine import PerSampleSeeds, train_loader
+
+    scenes = RenderedScenes(SpatialScenes('train', num_samples=24, resolution=16, seed=1, task='clock'))
+    loader = train_loader(scenes, 8, seed=3)
+    assert loader.dataset is scenes
+    seeded = DataLoader(PerSampleSeeds(scenes, 3), batch_size=8, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    for (x, y), (x_ref, y_ref) in zip(loader, seeded, strict=True):
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert isinstance(train_loader(torch.utils.data.TensorDataset(torch.zeros(8, 1)), 4, 0).dataset, PerSampleSeeds)
+
+
 def test_sweep_worker_failure_is_raised_after_the_other_runs_finish(tmp_path, capsys):
     import argparse
 

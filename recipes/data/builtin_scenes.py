@@ -523,7 +523,10 @@ class RenderedScenes(Dataset):
 
     Items are the same ``(float (3, H, W) image, label)`` pairs; a sweep that trains several models on
     one scene stream renders it once instead of once per run (``float32``, 12 KiB per 32 px image).
+    Reading an item draws no random numbers (``draws_random``: the training loader skips per-sample seeding).
     """
+
+    draws_random = False
 
     def __init__(self, scenes: SpatialScenes) -> None:
         if scenes.transform is not None:
