@@ -673,6 +673,11 @@ def test_train_loader_reads_random_free_datasets_directly_with_the_same_batches(
         assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
     assert torch.equal(torch.get_rng_state(), state)
     assert isinstance(train_loader(torch.utils.data.TensorDataset(torch.zeros(8, 1)), 4, 0).dataset, PerSampleSeeds)
+    import numpy as np
+
+    from vision_priors.recipes.data.ett import ForecastWindows
+    windows = ForecastWindows(np.arange(40, dtype=np.float32).reshape(20, 2), np.zeros((20, 4), np.float32), 6, 3, 2)
+    assert train_loader(windows, 4, 0).dataset is windows
 
 
 def test_sweep_worker_failure_is_raised_after_the_other_runs_finish(tmp_path, capsys):

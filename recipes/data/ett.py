@@ -223,8 +223,11 @@ class ForecastWindows(Dataset):
     """Sliding windows over one split's rows ``[border1, border2)`` of a scaled series.
 
     Items: ``x`` (seq_len, C), ``x_mark`` (seq_len, F), ``y`` (label_len + pred_len, C), ``y_mark``
-    (label_len + pred_len, F), float32, and ``index`` (the window start within the split).
+    (label_len + pred_len, F), float32, and ``index`` (the window start within the split). Reading one draws no
+    random numbers (``draws_random``: the training loader skips per-sample seeding).
     """
+
+    draws_random = False
 
     def __init__(self, values: np.ndarray, marks: np.ndarray, seq_len: int, label_len: int, pred_len: int) -> None:
         self.values = torch.as_tensor(values, dtype=torch.float32)
