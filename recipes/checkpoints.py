@@ -21,6 +21,7 @@ from accelerate import Accelerator
 LATEST = 'latest.json'
 MANIFEST = 'manifest.json'
 WEIGHTS = 'model.safetensors'
+EMA_WEIGHTS = 'ema.safetensors'  # a run with a model EMA: the averaged weights, the ones it evaluates and reports
 CHECKPOINT_PREFIX = 'checkpoint-'
 
 
@@ -128,8 +129,12 @@ def latest_checkpoint(out_dir: Path, verify: bool = True) -> Optional[Path]:
     return path
 
 
-def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: int = 2) -> Path:
-    """Atomically write ``out_dir/checkpoint-<step>`` with its manifest, point ``latest.json`` at it; keep ``keep``."""
+def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: int = 2,
+                    ema_model: Optional[torch.nn.Module] = None) -> Path:
+    """Atomically write ``out_dir/checkpoint-<step>`` with its manifest, point ``latest.json`` at it; keep ``keep``.
+
+    ``ema_model``: a model EMA's averaged module; its weights are written as ``ema.safetensors`` beside the
+    training state (which holds the EMA too, for ``--resume``) and are the checkpoint's evaluation weights."""
     out_dir = Path(out_dir)
     final = out_dir / f'{CHECKPOINT_PREFIX}{step:08d}'
     tmp = out_dir / f'.tmp-{CHECKPOINT_PREFIX}{step:08d}'
@@ -140,6 +145,8 @@ def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: in
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if ema_model is not None:
+            save_module_weights(ema_model, tmp / EMA_WEIGHTS)
         write_manifest(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -173,13 +180,22 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
         raise CheckpointError(f'RNG state {rng_file} was not restored (accelerate could not apply it)')
 
 
+def save_module_weights(module: torch.nn.Module, path: Path) -> None:
+    """A module's state dict as safetensors (detached, on the CPU, contiguous)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, str(path))
+
+
 def load_weights(folder: Path) -> Dict[str, torch.Tensor]:
-    """Model weights of a verified checkpoint folder (``model.safetensors``)."""
+    """The evaluation weights of a verified checkpoint folder: ``ema.safetensors`` when the run kept a model
+    EMA (as timm's training script, the averaged model is the one validated and exported), else
+    ``model.safetensors``."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     verify_checkpoint(folder)
-    weights = folder / WEIGHTS
+    weights = folder / EMA_WEIGHTS if (folder / EMA_WEIGHTS).is_file() else folder / WEIGHTS
     if not weights.is_file():
         raise CheckpointError(f'checkpoint {folder} has no {WEIGHTS}')
     try:

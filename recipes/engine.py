@@ -20,12 +20,11 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, send_to_device, set_seed
-from safetensors.torch import save_file
 from timm.scheduler import create_scheduler_v2
 from timm.utils import accuracy
 
-from .checkpoints import (WEIGHTS, latest_checkpoint, load_checkpoint, save_checkpoint, write_json_atomic,
-                          write_manifest)
+from .checkpoints import (WEIGHTS, latest_checkpoint, load_checkpoint, save_checkpoint, save_module_weights,
+                          write_json_atomic, write_manifest)
 from .logs import JsonlLogger
 
 PROGRESS = True  # training progress bars (sweep workers turn theirs off: see runs.train_sweep)
@@ -161,8 +160,7 @@ def save_best(accelerator: Accelerator, model: nn.Module, out_dir: Path, update:
     best, tmp = Path(out_dir) / BEST_DIR, Path(out_dir) / f'.tmp-{BEST_DIR}'
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS))
+    save_module_weights(accelerator.unwrap_model(model), tmp / WEIGHTS)
     write_json_atomic(tmp / 'metrics.json', dict(update=update, **metrics))
     write_manifest(tmp)
     shutil.rmtree(best, ignore_errors=True)
@@ -215,7 +213,9 @@ def fit(
         scheduler: timm scheduler stepped per update (``step_update``), checkpointed.
         loss_fn: ``loss_fn(logits, targets)`` for loaders of ``(images, targets)``; unused with ``step_fn``.
         batch_transform: ``(images, targets) -> (images, targets)`` on device (e.g. timm Mixup).
-        ema: timm ``ModelEmaV3`` updated after each optimizer update, checkpointed.
+        ema: timm ``ModelEmaV3`` updated after each optimizer update, checkpointed. Its averaged weights are
+            the run's result (timm's convention): ``evaluate`` must evaluate ``ema.module``, ``best`` holds them
+            and every checkpoint has them as ``ema.safetensors`` (what ``load_weights`` returns).
         checkpoint_every: Save every this many updates (and at the end); 0 = only at the end.
         resume: Continue from ``out_dir/latest.json`` if present (verified file by file).
         stop_after: Stop (after checkpointing) once this many updates are done: simulates a kill.
@@ -278,7 +278,7 @@ def fit(
         value = float(metrics[best_metric])
         if _improved(value, state.best_value, best_mode):
             state.best_value, state.best_update, state.evals_since_best = value, state.update, 0
-            save_best(accelerator, model, out_dir, state.update, metrics)
+            save_best(accelerator, model if ema is None else ema.module, out_dir, state.update, metrics)
             return False
         state.evals_since_best += 1
         return bool(patience) and state.evals_since_best >= patience
@@ -346,7 +346,7 @@ def fit(
                 stopped_early = run_evaluation() and not at_end
             stopping = stopped_early or (stop_after is not None and state.update >= stop_after)
             if at_end or stopping or (checkpoint_every and state.update % checkpoint_every == 0):
-                save_checkpoint(accelerator, out_dir, state.update)
+                save_checkpoint(accelerator, out_dir, state.update, ema_model=None if ema is None else ema.module)
             if at_end or stopping:
                 done = True
                 break

@@ -152,7 +152,7 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')
     g.add_argument('--smoothing', type=cli.unit_fraction, default=0.0, help='label smoothing')
-    g.add_argument('--ema-decay', type=cli.unit_fraction, default=0.0, help='model EMA decay (0 = off)')
+    g.add_argument('--ema-decay', type=cli.unit_fraction, default=0.0, help='model EMA decay (0 = off); the averaged weights are evaluated, kept as best and reported')
     cli.add_device_flags(p, batch_size=64)
     cli.add_run_flags(p, out='outputs/resolution_extrapolation', sweep=sweep, default_seeds=(0, 1, 2) if sweep else (0,),
                       default_jobs=0)  # the main job: one run per CPU core at a time when there is no GPU
@@ -422,9 +422,10 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     loss_fn, batch_transform = make_loss_and_transform(args, num_classes, accelerator.unwrap_model(model))
     evaluate = None
     if args.eval_every:
-        def evaluate() -> Dict[str, float]:
-            batches = eval_batches(args, accelerator.unwrap_model(model), args.train_res, accelerator)
-            return evaluate_classifier(model, batches, accelerator)
+        def evaluate() -> Dict[str, float]:  # the EMA's averaged weights when there is one: they are the result
+            evaluated = model if ema is None else ema.module
+            batches = eval_batches(args, accelerator.unwrap_model(evaluated), args.train_res, accelerator)
+            return evaluate_classifier(evaluated, batches, accelerator)
 
     # the first write: loader, optimizer, schedule and evaluation data are built (a bad input has failed)
     folder.commit(config, may_change=EVAL_ONLY_FLAGS, write=accelerator.is_main_process)

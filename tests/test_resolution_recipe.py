@@ -100,6 +100,37 @@ def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
+def test_model_ema_weights_are_the_ones_evaluated_kept_and_reported(image_folder, tmp_path):
+    """With --ema-decay the averaged weights are the run's result (timm's convention): every checkpoint holds them
+    as ema.safetensors (in its manifest), load_weights returns them, the in-training evaluation and the best folder
+    use them, `eval` reports them, and a killed + resumed run ends with bit-identical EMA weights."""
+    from safetensors.torch import load_file
+    from vision_priors.recipes.checkpoints import EMA_WEIGHTS, load_weights
+
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    common = ['--updates', '6', '--checkpoint-every', '3', '--eval-every', '6', '--ema-decay', '0.5', '--seed', '1',
+              '--lr', '0.01']
+    recipe.main(_train_args(full, str(image_folder), *common))
+    checkpoint = latest_checkpoint(full)
+    assert EMA_WEIGHTS in json.loads((checkpoint / 'manifest.json').read_text())['files']
+    ema, raw = load_file(str(checkpoint / EMA_WEIGHTS)), final_weights(full)
+    assert ema.keys() == raw.keys() and any(not torch.equal(ema[k], raw[k]) for k in ema)
+    reported = load_weights(checkpoint)
+    assert all(torch.equal(reported[k], ema[k]) for k in ema)
+    best = load_weights(full / 'best')  # the only evaluation is the last update's: the final EMA weights
+    assert all(torch.equal(best[k], ema[k]) for k in ema)
+
+    kept = json.loads((full / 'best' / 'metrics.json').read_text())
+    row = recipe.main(['eval', str(full), '--data', str(image_folder), '--eval-res', '32', '--out', str(tmp_path / 'e'),
+                       '--batch-size', '4', '--cpu'])['rows'][0]
+    assert row['top1'] == pytest.approx(kept['top1']) and row['loss'] == pytest.approx(kept['loss'])
+
+    recipe.main(_train_args(killed, str(image_folder), *common, '--stop-after', '3'))
+    recipe.main(_train_args(killed, str(image_folder), *common, '--resume'))
+    resumed = load_file(str(latest_checkpoint(killed) / EMA_WEIGHTS))
+    assert all(torch.equal(resumed[k], ema[k]) for k in ema)
+
+
 def test_webdataset_shards_train_and_eval(wds_folder, tmp_path):
     run = tmp_path / 'wds_run'
     recipe.main(_train_args(run, f'wds:{wds_folder}', '--updates', '3', '--num-classes', '3'))
