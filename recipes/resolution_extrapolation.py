@@ -153,6 +153,8 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')
     g.add_argument('--smoothing', type=cli.unit_fraction, default=0.0, help='label smoothing')
     g.add_argument('--ema-decay', type=cli.unit_fraction, default=0.0, help='model EMA decay (0 = off); the averaged weights are evaluated, kept as best and reported')
+    g.add_argument('--ema-warmup', action='store_true',
+                   help="ramp the EMA decay up as timm's --model-ema-warmup does: min(decay, 1 - (1 + step) ** -2/3)")
     cli.add_device_flags(p, batch_size=64)
     cli.add_run_flags(p, out='outputs/resolution_extrapolation', sweep=sweep, default_seeds=(0, 1, 2) if sweep else (0,),
                       default_jobs=0)  # the main job: one run per CPU core at a time when there is no GPU
@@ -189,6 +191,8 @@ def validate(args: argparse.Namespace) -> None:
     names = [args.model] if args.command == 'train' else args.models if args.command == 'compare' else []
     for name in names:
         check_model_name(name)
+    if getattr(args, 'ema_warmup', False) and not args.ema_decay:
+        raise ValueError('--ema-warmup ramps the model EMA up: it needs --ema-decay > 0')
     if args.command in ('train', 'compare') and data_kind(args.data) == 'wds' and args.num_classes is None:
         raise ValueError('--data wds:... needs --num-classes (webdataset shards carry no class list)')
 
@@ -418,7 +422,8 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-    ema = ModelEmaV3(accelerator.unwrap_model(model), decay=args.ema_decay) if args.ema_decay else None
+    ema = (ModelEmaV3(accelerator.unwrap_model(model), decay=args.ema_decay, use_warmup=args.ema_warmup)
+           if args.ema_decay else None)
     loss_fn, batch_transform = make_loss_and_transform(args, num_classes, accelerator.unwrap_model(model))
     evaluate = None
     if args.eval_every:

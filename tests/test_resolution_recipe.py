@@ -131,6 +131,30 @@ def test_model_ema_weights_are_the_ones_evaluated_kept_and_reported(image_folder
     assert all(torch.equal(resumed[k], ema[k]) for k in ema)
 
 
+def test_ema_warmup_ramps_the_decay_as_timm(image_folder, tmp_path):
+    """--ema-warmup: the EMA after update 2 is d w1 + (1 - d) w2 with timm's warmup decay d = 1 - 2 ** (-2/3)
+    (0.37, not the 0.99 asked for); without it d is the decay itself. An --ema-warmup without an EMA is refused
+    before the run folder exists."""
+    from safetensors.torch import load_file
+    from vision_priors.recipes.checkpoints import EMA_WEIGHTS
+
+    for warmup, decay in ((True, 1 - 2 ** (-2 / 3)), (False, 0.99)):
+        run = tmp_path / f'warmup_{warmup}'
+        recipe.main(_train_args(run, str(image_folder), '--updates', '2', '--checkpoint-every', '1', '--lr', '0.01',
+                                '--ema-decay', '0.99', *(['--ema-warmup'] if warmup else [])))
+        w1, w2 = (load_file(str(run / f'checkpoint-{u:08d}' / 'model.safetensors')) for u in (1, 2))
+        ema = load_file(str(run / 'checkpoint-00000002' / EMA_WEIGHTS))
+        moved = [k for k in ema if not torch.equal(w1[k], w2[k])]
+        assert moved
+        for key in moved:
+            torch.testing.assert_close(ema[key], decay * w1[key] + (1 - decay) * w2[key], rtol=1e-5, atol=1e-6,
+                                       msg=key)
+    refused = tmp_path / 'refused'
+    with pytest.raises(ValueError, match='--ema-warmup'):
+        recipe.main(_train_args(refused, str(image_folder), '--updates', '2', '--ema-warmup'))
+    assert not refused.exists()
+
+
 def test_webdataset_shards_train_and_eval(wds_folder, tmp_path):
     run = tmp_path / 'wds_run'
     recipe.main(_train_args(run, f'wds:{wds_folder}', '--updates', '3', '--num-classes', '3'))
