@@ -136,14 +136,15 @@ def test_ema_warmup_ramps_the_decay_as_timm(image_folder, tmp_path):
     (0.37, not the 0.99 asked for); without it d is the decay itself. An --ema-warmup without an EMA is refused
     before the run folder exists."""
     from safetensors.torch import load_file
-    from vision_priors.recipes.checkpoints import EMA_WEIGHTS
+    from vision_priors.recipes.checkpoints import EMA_WEIGHTS, checkpoint_folders
 
     for warmup, decay in ((True, 1 - 2 ** (-2 / 3)), (False, 0.99)):
         run = tmp_path / f'warmup_{warmup}'
         recipe.main(_train_args(run, str(image_folder), '--updates', '2', '--checkpoint-every', '1', '--lr', '0.01',
                                 '--ema-decay', '0.99', *(['--ema-warmup'] if warmup else [])))
-        w1, w2 = (load_file(str(run / f'checkpoint-{u:08d}' / 'model.safetensors')) for u in (1, 2))
-        ema = load_file(str(run / 'checkpoint-00000002' / EMA_WEIGHTS))
+        first, second = checkpoint_folders(run)  # updates 1 and 2, oldest first
+        w1, w2 = (load_file(str(folder / 'model.safetensors')) for folder in (first, second))
+        ema = load_file(str(second / EMA_WEIGHTS))
         moved = [k for k in ema if not torch.equal(w1[k], w2[k])]
         assert moved
         for key in moved:
