@@ -54,7 +54,7 @@ from .data.ett import FEATURE_MODES, LAYOUTS, ForecastSeries, write_ett_csv
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
-from .report import format_cell, markdown_table, mean_std, write_results
+from .report import format_cell, group_rows, markdown_table, mean_std, write_results
 from .runs import (DATA_FINGERPRINT, RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders,
                    to_json, train_sweep)
 
@@ -444,10 +444,9 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, An
 def aggregate(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """'pred_len' -> method -> {'mse', 'mae': mean/std over seeds, 'seeds', 'parameters'}."""
     table: Dict[str, Any] = {}
-    for pred_len in sorted({r['pred_len'] for r in rows}):
+    for pred_len, horizon_rows in sorted(group_rows(rows, 'pred_len').items()):
         table[str(pred_len)] = {}
-        for method in dict.fromkeys(r['method'] for r in rows if r['pred_len'] == pred_len):
-            mine = [r for r in rows if r['pred_len'] == pred_len and r['method'] == method]
+        for method, mine in group_rows(horizon_rows, 'method').items():
             table[str(pred_len)][method] = dict(seeds=[r['seed'] for r in mine], parameters=mine[0]['parameters'],
                                                 **{k: mean_std(r[k] for r in mine) for k in METRICS})
     return table

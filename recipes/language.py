@@ -48,7 +48,7 @@ from .data.text import (INDEX_LENGTH, IndexTask, PasskeyTask, TrainWindows, buil
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
-from .report import format_cell, markdown_table, mean_std, write_results
+from .report import format_cell, group_rows, markdown_table, mean_std, write_results
 from .runs import RunFolder, data_fingerprints, holds_run, load_finished_run, run_settings, sweep_folders, train_sweep
 
 CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16)
@@ -417,14 +417,10 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------- report
 
-def by_method(rows: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
-    return {a: [r for r in rows if r['attn'] == a] for a in dict.fromkeys(r['attn'] for r in rows)}
-
-
 def ppl_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """method -> {'seeds', 'ppl': multiple -> mean/std, 'ratio_4x': ppl(4x) / ppl(1x) mean/std}."""
     table = {}
-    for attn, mine in by_method(rows).items():
+    for attn, mine in group_rows(rows, 'attn').items():
         multiples = list(mine[0]['ppl'])
         table[attn] = dict(seeds=[r['seed'] for r in mine], train_length=mine[0]['train_length'],
                            ppl={m: mean_std(r['ppl'][m]['ppl'] for r in mine) for m in multiples})
@@ -464,7 +460,7 @@ def passkey_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """method -> cell -> {'multiple', 'depth', 'exact_match', 'digit_accuracy'} mean/std; per multiple the mean
     over depths."""
     table = {}
-    for attn, mine in by_method(rows).items():
+    for attn, mine in group_rows(rows, 'attn').items():
         cells = {k: dict(multiple=c['multiple'], depth=c['depth'],
                          exact_match=mean_std(r['cells'][k]['exact_match'] for r in mine),
                          digit_accuracy=mean_std(r['cells'][k]['digit_accuracy'] for r in mine))
@@ -513,7 +509,7 @@ def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
 
 def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {a: dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine))
-            for a, mine in by_method(rows).items()}
+            for a, mine in group_rows(rows, 'attn').items()}
 
 
 def index_table(table: Dict[str, Any]) -> str:

@@ -58,7 +58,7 @@ from .data.pcn import BUILTIN_CATEGORIES, PCNDataset, read_point_cloud, write_bu
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
 from .plotting import figure, render_clouds, save_figure
-from .report import format_cell, markdown_table, mean_std, write_results
+from .report import format_cell, group_rows, markdown_table, mean_std, write_results
 from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 CROSS_ATTENTIONS = ('vanilla', 'lavo')
@@ -344,8 +344,7 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str], out_dir: Path) -> Li
 def aggregate(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """cross_attn -> {'overall': metric -> mean/std over seeds, 'by_category': category -> metric -> mean/std}."""
     table: Dict[str, Any] = {}
-    for name in dict.fromkeys(r['cross_attn'] for r in rows):
-        mine = [r for r in rows if r['cross_attn'] == name]
+    for name, mine in group_rows(rows, 'cross_attn').items():
         categories = list(dict.fromkeys(c for r in mine for c in r['by_category']))
         table[name] = dict(
             parameters=mine[0]['parameters'], seeds=[r['seed'] for r in mine],

@@ -1,7 +1,7 @@
 """Reporting shared by every recipe: mean +- std over seeds, markdown tables, ``results.json``."""
 import statistics
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, Dict, Hashable, Iterable, List, Sequence
 
 from .checkpoints import write_json_atomic
 from .runs import to_json
@@ -16,6 +16,14 @@ def mean_std(values: Iterable[float]) -> Dict[str, float]:
         raise ValueError('mean_std of no values')
     return dict(mean=statistics.fmean(values), std=statistics.stdev(values) if len(values) > 1 else 0.0,
                 n=len(values))
+
+
+def group_rows(rows: Iterable[Dict[str, Any]], field: str) -> Dict[Hashable, List[Dict[str, Any]]]:
+    """``rows`` grouped by ``row[field]``: value -> its rows, values in first-seen order, rows in their order."""
+    groups: Dict[Hashable, List[Dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row[field], []).append(row)
+    return groups
 
 
 def format_cell(cell: Dict[str, float], scale: float = 1.0, digits: int = 2) -> str:

@@ -62,7 +62,7 @@ from .engine import (close_distributed, cosine_schedule, count_updates, evaluate
                      train_loader)
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
-from .report import format_cell, markdown_table, mean_std, write_results
+from .report import format_cell, group_rows, markdown_table, mean_std, write_results
 from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 DEFAULT_MODELS = [
@@ -488,9 +488,9 @@ def run_eval(args: argparse.Namespace, sources: Sequence[str]) -> List[Dict[str,
 def summarize(rows: List[Dict[str, Any]], resolutions: List[str]) -> Dict[str, Dict[str, Dict[str, float]]]:
     """model -> res -> {mean, std, n} of top-1 over seeds."""
     table: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for model in dict.fromkeys(r['model'] for r in rows):
-        table[model] = {res: mean_std(r['top1'] for r in rows if r['model'] == model and r['res'] == res)
-                        for res in resolutions if any(r['model'] == model and r['res'] == res for r in rows)}
+    for model, mine in group_rows(rows, 'model').items():
+        per_res = group_rows(mine, 'res')
+        table[model] = {res: mean_std(r['top1'] for r in per_res[res]) for res in resolutions if res in per_res}
     return table
 
 

@@ -125,7 +125,7 @@ from .data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, ORDER_N
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
-from .report import format_cell, mean_std, write_results
+from .report import format_cell, group_rows, mean_std, write_results
 from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings, sweep_folders, train_sweep
 
 # evaluation-only flags: a resumed run may change them
@@ -445,8 +445,7 @@ def run_eval(args: argparse.Namespace, runs: Sequence[str], overrides: Dict[str,
 def aggregate(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """method -> split -> {nll, acc, by_type, by_order}: mean / std over seeds of every number."""
     table: Dict[str, Any] = {}
-    for method in dict.fromkeys(r['method'] for r in rows):
-        mine = [r for r in rows if r['method'] == method]
+    for method, mine in group_rows(rows, 'method').items():
         table[method] = {'parameters': mine[0]['parameters'], 'seeds': [r['seed'] for r in mine]}
         for split in ('seen', 'unseen'):
             entry: Dict[str, Any] = {m: mean_std([r[split][m] for r in mine]) for m in ('nll', 'acc')}

@@ -12,7 +12,7 @@ from vision_priors.recipes import spatial_vqa
 from vision_priors.recipes import resolution_extrapolation
 from vision_priors.recipes.checkpoints import CheckpointError, latest_checkpoint, verify_checkpoint
 from vision_priors.recipes.cli import check_amp
-from vision_priors.recipes.report import format_cell, markdown_table, mean_std
+from vision_priors.recipes.report import format_cell, group_rows, markdown_table, mean_std
 from run_helpers import snapshot
 from vision_priors.recipes.runs import config_differences
 
@@ -531,6 +531,13 @@ def test_config_differences_and_report_helpers():
     assert markdown_table(['a', 'b'], [[1, 2]]) == '| a | b |\n|---|---|\n| 1 | 2 |'
     with pytest.raises(ValueError):
         mean_std([])
+    rows = [dict(m='b', s=0), dict(m='a', s=0), dict(m='b', s=1), dict(m='a', s=1), dict(m='c', s=0)]
+    groups = group_rows(rows, 'm')
+    assert list(groups) == ['b', 'a', 'c']  # first-seen order: the order the recipes print their table rows
+    assert groups['b'] == [rows[0], rows[2]] and groups['a'] == [rows[1], rows[3]] and groups['c'] == [rows[4]]
+    assert group_rows([], 'm') == {}
+    with pytest.raises(KeyError):
+        group_rows([dict(s=0)], 'm')
 
 
 def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_path):
