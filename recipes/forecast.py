@@ -6,7 +6,7 @@ Commands (``vision-priors forecast COMMAND --help`` explains every option):
   train     train one model: ``--model informer_cpu|informer_mid|informer`` with ``--cross-attn full|lavo`` and ``--attn
             prob|full``, or ``--model linear``; Informer's protocol (MSE loss, Adam, validation every epoch,
             early stopping with ``--patience 3`` and the best weights in ``RUN/best``, lr halved each epoch
-            after the second); verified checkpoints, exact ``--resume``.
+            after the second); verified checkpoints after every epoch, exact ``--resume``.
   eval      test-split MSE / MAE (scaled values, as Informer's tables) of run folders (their ``best/``
             weights when present), table, JSON and a plot of predictions vs truth (target column).
   compare   train + eval full / LAVO cross-attention and the linear baseline over ``--pred-lens`` and
@@ -75,9 +75,15 @@ PUBLISHED = {('ETTh1', 'M'): {24: (0.577, 0.549), 48: (0.685, 0.625), 168: (0.93
 
 # ------------------------------------------------------------------------------------- arguments
 
-def eval_cadence(text: str) -> Any:
-    """``--eval-every``: ``epoch`` (Informer: validate after every epoch) or a number of updates."""
+def epoch_cadence(text: str) -> Any:
+    """``--eval-every`` / ``--checkpoint-every``: ``epoch`` (after every epoch, as Informer validates) or a number
+    of updates."""
     return text if text == 'epoch' else cli.nonnegative_int(text)
+
+
+def updates_between(cadence: Any, updates_per_epoch: int) -> int:
+    """The number of updates an ``epoch_cadence`` value stands for."""
+    return updates_per_epoch if cadence == 'epoch' else cadence
 
 
 def add_data_args(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -126,13 +132,18 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
                    help="halve: Informer's lr * 0.5 ** max(0, epoch - 1); cosine: the shared cosine schedule")
     cli.add_device_flags(p, batch_size=32)
     cli.add_run_flags(p, out='outputs/forecast' + ('' if sweep else '/run'), sweep=sweep)
-    p.set_defaults(opt='adam', lr=None, patience=None, eval_every='epoch')  # patience: 3 when validating, see validate
+    # patience: 3 when validating, see validate; a checkpoint after each epoch: a stopped run loses one epoch at most
+    p.set_defaults(opt='adam', lr=None, patience=None, eval_every='epoch', checkpoint_every='epoch')
     for action in p._actions:  # the shared flags, with this recipe's defaults explained
         if action.dest == 'lr':
             action.help = f'peak learning rate (default: per model, {DEFAULT_LR})'
         if action.dest == 'eval_every':
-            action.type = eval_cadence
+            action.type = epoch_cadence
             action.help = 'validate every N updates, or after every epoch (epoch); 0 = never'
+        if action.dest == 'checkpoint_every':
+            action.type = epoch_cadence
+            action.help = ('checkpoint every N updates, or after every epoch (epoch: --resume loses one epoch at '
+                           'most); 0 = only at the end')
         if action.dest == 'patience':
             action.help = ('stop after N validations without improvement; default 3 (Informer) when validating, '
                            'none with --eval-every 0')
@@ -365,7 +376,8 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
     scheduler = (InformerHalving(optimizer, lr, updates_per_epoch) if args.schedule == 'halve'
                  else cosine_schedule(optimizer, lr, total_updates, args.warmup_frac))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    eval_every = updates_per_epoch if args.eval_every == 'epoch' else args.eval_every
+    eval_every = updates_between(args.eval_every, updates_per_epoch)
+    checkpoint_every = updates_between(args.checkpoint_every, updates_per_epoch)
     evaluate = None
     if eval_every:
         val = eval_loader(series.split('val'), args.batch_size, accelerator, args.num_workers)
@@ -383,7 +395,7 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
     logger.log(event='start', method=method, pred_len=pred_len, seed=seed, total_updates=total_updates,
                updates_per_epoch=updates_per_epoch, parameters=config['parameters'], device=str(accelerator.device))
     result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir, step_fn=step,
-                 clip_grad=args.clip_grad, checkpoint_every=args.checkpoint_every, resume=resume,
+                 clip_grad=args.clip_grad, checkpoint_every=checkpoint_every, resume=resume,
                  stop_after=args.stop_after, logger=logger, log_every=args.log_every, eval_every=eval_every,
                  evaluate=evaluate, best_metric='mse' if evaluate else None, best_mode='min',
                  patience=args.patience if evaluate else 0)

@@ -54,6 +54,41 @@ def test_train_kill_resume_equals_uninterrupted_and_eval(tiny_csv, tmp_path):
     assert (tmp_path / 'eval' / 'forecast_predictions.png').stat().st_size > 5000
 
 
+def test_a_run_killed_mid_epoch_resumes_from_its_last_epoch(tiny_csv, tmp_path, monkeypatch):
+    """The default checkpoint cadence is one epoch (Informer runs are epoch-based and long on a CPU): a run killed
+    in its third epoch keeps the checkpoints of epochs 1-2, and --resume from there ends bit-exact with the
+    uninterrupted run."""
+    args = recipe.build_parser().parse_args(['train', *tiny(tiny_csv)])
+    assert args.checkpoint_every == 'epoch' and args.eval_every == 'epoch'
+    common = ['train', '--cross-attn', 'full', *tiny(tiny_csv), '--pred-len', '4', '--epochs', '3']
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    recipe.main([*common, '--out', str(full)])
+    per_epoch = json.loads((full / 'log.jsonl').read_text().splitlines()[0])['updates_per_epoch']
+    assert per_epoch == 11  # 191 training windows, batches of 16, the last one dropped
+    assert sorted(p.name for p in full.glob('checkpoint-*')) == [f'checkpoint-{22:08d}', f'checkpoint-{33:08d}']
+
+    training_steps = []
+    real_forecast = recipe.forecast
+
+    def killed_in_epoch_three(model, *rest):
+        if model.training:
+            training_steps.append(1)
+            if len(training_steps) == 2 * per_epoch + 5:
+                raise KeyboardInterrupt('killed')
+        return real_forecast(model, *rest)
+
+    monkeypatch.setattr(recipe, 'forecast', killed_in_epoch_three)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main([*common, '--out', str(killed)])
+    monkeypatch.setattr(recipe, 'forecast', real_forecast)
+    assert json.loads((killed / 'latest.json').read_text())['step'] == 2 * per_epoch
+    recipe.main([*common, '--out', str(killed), '--resume'])
+    assert_same_final_weights(full, killed)
+    assert recipe.build_parser().parse_args(['train', '--checkpoint-every', '0']).checkpoint_every == 0
+    with pytest.raises(SystemExit):
+        recipe.build_parser().parse_args(['train', '--checkpoint-every', 'weekly'])
+
+
 def test_compare_full_lavo_linear_over_horizons_and_seeds(tiny_csv, tmp_path):
     out = tmp_path / 'cmp'
     result = recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seeds', '0', '1', '--updates', '2',
