@@ -60,7 +60,8 @@ def memory_probe(impl: str, sources: int, mode: str, args: argparse.Namespace) -
     return extra_peak_mib(lambda: run_once(model, x, context, mode))
 
 
-def main(argv: Optional[List[str]] = None) -> List[Dict]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--sources', type=int, nargs='+', default=[128, 256, 512, 1024, 2048, 4096, 8192])
     p.add_argument('--queries', type=int, default=256, help='query tokens (PCN decoder: 256 = pointr_pcn)')
@@ -72,7 +73,11 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory subprocesses')
     p.add_argument('--json', default=None, help='also write the rows to this JSON file')
     p.add_argument('--_probe', default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> List[Dict]:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args._probe:

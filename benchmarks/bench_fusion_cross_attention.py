@@ -47,7 +47,8 @@ def build(cross_attn: str, args: argparse.Namespace) -> CrossPath:
     return CrossPath(create_cross_block('plain', args.dim, args.heads, cross_attn=cross_attn, qkv_bias=True))
 
 
-def main(argv: Optional[List[str]] = None) -> List[Dict]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--tokens', type=int, nargs='+', default=[64, 256, 1024, 2048, 4096], help='image tokens M')
     p.add_argument('--queries', type=int, default=12, help='question tokens per sample (VQA: 4 questions x 3)')
@@ -57,7 +58,11 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
     p.add_argument('--repeats', type=int, default=5, help='timed repeats per cell, minimum reported')
     p.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
     p.add_argument('--json', default=None, help='also write the rows to this JSON file')
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> List[Dict]:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -478,7 +478,8 @@ def table(rows: Sequence[Row]) -> str:
     return '\n'.join(out)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--dry-run', action='store_true',
                         help='CPU: tiny shapes, TRITON_INTERPRET=1, time.perf_counter, 1 repeat')
@@ -490,7 +491,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--budget-s', type=float, default=360.0, help='SKIP the rows left after this many seconds')
     parser.add_argument('--json', type=Path, default=None, help='also write the rows and the header here')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
 
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:

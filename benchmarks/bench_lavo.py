@@ -118,7 +118,8 @@ def decode_time(impl: str, context: int, args: argparse.Namespace) -> float:
 
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--lengths', type=int, nargs='+', default=[1024, 2048, 4096, 8192, 16384],
                    help='sequence lengths (default: 1K 2K 4K 8K 16K)')
@@ -137,7 +138,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help='torch intra-op threads (default: torch default); use 1 on a shared, busy machine')
     p.add_argument('--json', type=str, default=None, help='also write the results to this JSON file')
     p.add_argument('--_probe', type=str, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)

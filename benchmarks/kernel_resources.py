@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 from tools import aot  # noqa: E402  (development tooling in the repository, not installed)
@@ -64,7 +64,8 @@ def row(spec: Dict[str, Any], capability: int, item: Any) -> Dict[str, Any]:
                              'stack_bytes', 'ptx_size', 'cubin_size', 'compile_seconds')}})
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--capability', type=int, nargs='+', default=list(aot.DEFAULT_CAPABILITIES),
                         help='compute capabilities to compile for (default: 80 90)')
@@ -74,7 +75,11 @@ def main() -> int:
     parser.add_argument('--jobs', type=int, default=aot.default_jobs(),
                         help='parallel compile processes (default: usable CPUs, or VISION_PRIORS_AOT_JOBS)')
     parser.add_argument('--json', type=Path, default=None, help='also write the rows here')
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     for cap in args.capability:
         aot.shared_limit(cap)  # fail early on an unknown target
 

@@ -16,7 +16,7 @@ on an AVX-512 machine (the compiled op's clone follows the hardware).
 """
 import argparse
 import statistics
-from typing import Callable
+from typing import Callable, List, Optional
 
 import torch
 from timm.layers import Attention
@@ -27,13 +27,18 @@ import vision_priors.layers.pope as pope_module
 from vit_throughput import cpu_description, paired_ratios, time_rounds  # same directory: the shared timing helpers
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--grids', type=int, nargs='+', default=[14, 24], help='patch grid sides')
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--rounds', type=int, default=25)
     parser.add_argument('--warmup', type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(0)
     if compiled_op_isa() is None:
         raise SystemExit('pope_cpu_attention: kernels/pope_cpu.cpp could not be built (see the warning above)')

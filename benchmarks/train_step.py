@@ -69,8 +69,8 @@ def count_train_flops(model: torch.nn.Module, x: torch.Tensor, labels: torch.Ten
     return counter.get_total_flops()
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Command-line arguments, checked before anything runs."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--size', type=int, default=224, help='square input resolution')
     parser.add_argument('--batch-size', type=int, default=8)
@@ -85,10 +85,24 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="glibc malloc with fixed thresholds for every model (see vit_throughput), or untouched")
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--json', type=Path, default=None, help='also write the measurements here')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Checks argparse cannot express; ValueError names the flag."""
     for name in ('size', 'batch_size', 'repeats'):
         if getattr(args, name) < 1:
-            parser.error(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
+            raise ValueError(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments, checked before anything runs (a bad value exits with the parser's usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        validate(args)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

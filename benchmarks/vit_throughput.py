@@ -32,7 +32,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import timm
@@ -191,7 +191,8 @@ def paired_ratios(base: List[float], other: List[float]) -> Tuple[float, float, 
     return q2, q1, q3
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (checked by tests/test_readme.py against the README's commands)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--sizes', type=size_and_batch, nargs='+', default=[(224, 0), (384, 0), (768, 2)],
                         help='square input resolutions, SIZE or SIZE:BATCH (default: 224 384 768:2)')
@@ -206,7 +207,11 @@ def main() -> None:
     parser.add_argument('--models', nargs='+', default=MODELS, choices=MODELS, help='models besides the baseline')
     parser.add_argument('--profile', nargs='*', default=[], choices=MODELS,
                         help='also print where the time goes (top ops, one pass) for these models')
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     models_run = [BASELINE] + [name for name in args.models if name != BASELINE]
     allocator = pin_malloc_or_reexec() if args.malloc == 'pinned' else 'default'
     if args.quick:

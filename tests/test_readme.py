@@ -3,10 +3,13 @@ produced its tables included) is accepted by today's command line and passes its
 renamed or removed flag, or a changed check, cannot leave a table whose command no longer runs."""
 import contextlib
 import importlib
+import importlib.util
 import io
 import re
 import shlex
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import List, Optional, Tuple
 
 import pytest
@@ -16,7 +19,8 @@ DOCS = ('README.md', 'recipes/README.md')
 
 # what starts a recipe command: optional VAR=value assignments and a timer, then the command itself
 COMMAND = re.compile(r'^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:time\s+|/usr/bin/time\s+-f\s+"[^"]*"\s+)?'
-                     r'(?P<cmd>vision-priors\s+[a-z]+\b|python -m (?:vision_priors\.)?recipes\.[\w.]+\b|\./run\.sh demo)'
+                     r'(?P<cmd>vision-priors\s+[a-z]+\b|python -m (?:vision_priors\.)?recipes\.[\w.]+\b|\./run\.sh demo'
+                     r'|\./run\.sh bench\s+[a-z_]+\b|python benchmarks/\w+\.py)'
                      r'(?P<rest>.*)$')
 SUBCOMMAND_MODULES = {  # `vision-priors NAME` -> module; the console's own table is the source of truth
     name: module for name, (module, _) in importlib.import_module('vision_priors.recipes.console').RECIPES.items()}
@@ -64,11 +68,14 @@ def documented_commands(path: str) -> List[Tuple[str, str]]:
 
 
 def recipe_argv(command: str) -> Tuple[str, List[str]]:
-    """The recipe module a documented command runs and its arguments: ``...`` (more arguments) dropped, a seed
-    placeholder (``--seed S``) read as 0."""
+    """The module a documented command runs (a recipe's import name, or a ``benchmarks/`` script's path) and its
+    arguments: ``...`` (more arguments) dropped, a seed placeholder (``--seed S``) read as 0."""
     m = COMMAND.match(command)
     head, rest = m.group('cmd'), shlex.split(m.group('rest'))
-    if head == './run.sh demo':
+    if head.startswith('./run.sh bench') or head.startswith('python benchmarks/'):
+        name = head.split()[-1].removeprefix('benchmarks/').removesuffix('.py')
+        module, argv = f'benchmarks/{name}.py', rest
+    elif head == './run.sh demo':
         module, argv = 'vision_priors.recipes.resolution_extrapolation', ['compare'] + rest
     elif head.startswith('vision-priors'):
         module, argv = SUBCOMMAND_MODULES[head.split()[1]], rest
@@ -78,6 +85,22 @@ def recipe_argv(command: str) -> Tuple[str, List[str]]:
     return module, ['0' if a == 'S' and i and argv[i - 1] in ('--seed', '--seeds') else a for i, a in enumerate(argv)]
 
 
+def load_module(name: str) -> ModuleType:
+    """A recipe by import name, or a benchmark script by its path in the repository (its folder first on sys.path,
+    as when it runs: the scripts import their siblings)."""
+    if not name.endswith('.py'):
+        return importlib.import_module(name)
+    path = ROOT / name
+    spec = importlib.util.spec_from_file_location(f'readme_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
 COMMANDS = [c for path in DOCS for c in documented_commands(path)]
 
 
@@ -85,6 +108,7 @@ def test_the_readme_shows_the_commands_of_every_recipe():
     modules = {recipe_argv(command)[0] for _, command in COMMANDS}
     for name in ('resolution_extrapolation', 'spatial_vqa', 'pcn', 'forecast', 'language'):
         assert f'vision_priors.recipes.{name}' in modules, name
+    assert {'benchmarks/vit_throughput.py', 'benchmarks/train_step.py'} <= modules, modules
     assert len(COMMANDS) >= 30, len(COMMANDS)
 
 
@@ -93,7 +117,7 @@ def command_problem(command: str) -> Optional[str]:
     None. Commands that only name a recipe (no arguments), help requests and scripts without a separate parser are
     not checked (``'skip: ...'``)."""
     module_name, argv = recipe_argv(command)
-    module = importlib.import_module(module_name)
+    module = load_module(module_name)
     if '--help' in argv or '-h' in argv or not hasattr(module, 'build_parser'):
         return 'skip: a help request or a command without a separate parser'
     if len(argv) <= 1 and not argv == ['compare']:  # `./run.sh demo` is `compare` with its defaults
@@ -105,7 +129,7 @@ def command_problem(command: str) -> Optional[str]:
     except SystemExit:
         return f'rejected by {module_name}: {errors.getvalue().strip().splitlines()[-1]}'
     try:  # the recipe's own checks, which run before anything is written
-        module.validate(args)
+        getattr(module, 'validate', lambda _: None)(args)
     except FileNotFoundError:
         pass  # the data file it names (../shared/data/..., a run's folder) is the user's to supply
     except Exception as error:
@@ -127,6 +151,8 @@ def test_documented_command_is_accepted_by_its_recipe(where, command):
     ('./run.sh demo --models vit_tiny_patch16_goat_224 --epochs two', "--epochs: must be an integer >= 1, got 'two'"),
     ('vision-priors forecast compare --pred-lens 24 48 --seq-lens 96', 'gives 1 length(s) for 2 --pred-lens'),
     ('python -m vision_priors.recipes.spatial_vqa compare --archs fusion --methods nope', 'needs --method(s)'),
+    ('./run.sh bench train_step --repeats 0', '--repeats must be >= 1, got 0'),
+    ('python benchmarks/bench_fusion_cross_attention.py --tokens 64 --num-heads 4', 'unrecognized arguments'),
 ])
 def test_the_command_check_catches_a_stale_command(command, problem):
     found = command_problem(command)
