@@ -579,7 +579,8 @@ def save_grid(path: Path, resolutions: Sequence[int], per_class: int = 3, split:
     return path
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``vision-priors scenes``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', type=Path, default=Path('outputs/builtin_scenes.png'), help='PNG to write')
     parser.add_argument('--resolution', type=int, nargs='+', default=[32, 64],
@@ -588,11 +589,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('--split', choices=SPLITS, default='train', help='split to draw from')
     parser.add_argument('--seed', type=int, default=0, help='dataset seed')
     parser.add_argument('--task', choices=sorted(TASKS), default='layouts', help='class set to show')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Checks argparse cannot express; ValueError names the flag."""
     if min(args.resolution) <= 0:
-        parser.error(f'--resolution: every value must be a positive int, got {args.resolution}')
+        raise ValueError(f'--resolution: every value must be a positive int, got {args.resolution}')
     if args.per_class <= 0:
-        parser.error(f'--per-class must be a positive int, got {args.per_class}')
+        raise ValueError(f'--per-class must be a positive int, got {args.per_class}')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        validate(args)
+    except ValueError as error:
+        parser.error(str(error))
     print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task)}')
 
 
