@@ -28,6 +28,7 @@ from timm.optim import create_optimizer_v2
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import vision_priors  # noqa: F401  (registers our models)
+from vision_priors.recipes.cli import parse_checked
 from vit_throughput import (BASELINE, cpu_description, goal_verdict, paired_ratios, pin_malloc_or_reexec,
                             profile_table, time_rounds)  # same directory: the shared timing helpers
 
@@ -97,13 +98,7 @@ def validate(args: argparse.Namespace) -> None:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments, checked before anything runs (a bad value exits with the parser's usage)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        validate(args)
-    except ValueError as error:
-        parser.error(str(error))
-    return args
+    return parse_checked(build_parser(), validate, argv)
 
 
 def main() -> None:

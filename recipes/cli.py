@@ -270,6 +270,17 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)  # main() may be called in-process (tests, notebooks)
 
 
+def parse_checked(parser: argparse.ArgumentParser, validate: Callable[[argparse.Namespace], None],
+                  argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse ``argv`` and run ``validate``; a ``ValueError`` from it exits with the parser's usage and message."""
+    args = parser.parse_args(argv)
+    try:
+        validate(args)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
 def run_main(parser: argparse.ArgumentParser, dispatch: Callable[[argparse.Namespace], Any],
              argv: Optional[List[str]] = None, validate: Optional[Callable[[argparse.Namespace], None]] = None) -> Any:
     """Parse, validate (shared then the recipe's own checks), set threads, run ``dispatch(args)``."""

@@ -601,12 +601,8 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        validate(args)
-    except ValueError as error:
-        parser.error(str(error))
+    from ..cli import parse_checked
+    args = parse_checked(build_parser(), validate, argv)
     print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task)}')
 
 
