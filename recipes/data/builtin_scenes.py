@@ -39,6 +39,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import Dataset
 
+from ..cli import parse_checked
+
 __all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'RenderedScenes', 'make_scene', 'render_scene', 'scene_seed']
 
 CLASSES = [
@@ -601,7 +603,6 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    from ..cli import parse_checked
     args = parse_checked(build_parser(), validate, argv)
     print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task)}')
 
