@@ -22,6 +22,11 @@ Rows (``ratio`` = baseline time / kernel time, so > 1 means the kernel is faster
               vision_priors.kernels.lavo once the layer dispatches to it)
     lavo_     vision_priors.kernels.lavo: lavo_local (sliding + block) and      causal SDPA on the same q, k, v;
     kernel    lavo_global, combined as the layer does             >= 1.0x from N = 4K on
+    goat_     GoatAttention / PopeAttention, the whole layer,     the same layer (same weights) with
+    layer,    kernel_backend='triton' (ViT rows: 2D grid + class  kernel_backend='torch': its SDPA
+    pope_     token; LM rows: 1D causal)                          path; no goal: > 1 says 'auto'
+    layer                                                         should pick the kernel
+                                                                  (kernel_dispatch.AUTO_PICKS_KERNEL)
     ========  ===================================================  ================================
 
 FLOP convention: a row's FLOPs are those of softmax attention at head width d = 64 on that shape,
@@ -65,14 +70,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_lavo import SdpaAttention  # noqa: E402  (causal SDPA with LavoAttention's projections)
 
-SECTIONS = ('goat', 'pope', 'plain', 'lavo', 'lavo_kernel')
+SECTIONS = ('goat', 'pope', 'plain', 'lavo', 'lavo_kernel', 'goat_layer', 'pope_layer')
 PASSES = ('fwd', 'fwd+bwd')
 GOALS: Dict[str, Tuple[float, int]] = {  # row -> (minimum speed-up, from this N on)
     'goat': (0.9, 0), 'pope': (1.3, 0), 'lavo': (1.0, 4096), 'lavo_kernel': (1.0, 4096),
 }
 BASELINES = {
     'goat': 'SDPA flash, no prior', 'pope': 'SDPA, 2d-wide q/k', 'plain': 'SDPA', 'lavo': 'SDPA causal layer',
-    'lavo_kernel': 'SDPA causal',
+    'lavo_kernel': 'SDPA causal', 'goat_layer': 'the layer on SDPA', 'pope_layer': 'the layer on SDPA',
 }
 
 
@@ -363,8 +368,33 @@ def build_lavo(shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
     return (lambda: lavo(x), [x, *lavo.parameters()], lambda: sdpa(x), [x, *sdpa.parameters()])
 
 
+def build_prior_layer(family: str, shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
+    """``GoatAttention`` / ``PopeAttention`` on its Triton kernel against the same layer on its SDPA path:
+    the measurement behind ``kernel_dispatch.AUTO_PICKS_KERNEL``. ViT rows: a g x g grid plus a class token
+    (bidirectional); LM rows: a causal 1D sequence. Gradients: x and every weight."""
+    from vision_priors.layers import GoatAttention, PopeAttention
+    cls = {'goat': GoatAttention, 'pope': PopeAttention}[family]
+    g = math.isqrt(max(shape.N - 1, 0))
+    grid = shape.family == 'vit' and g * g == shape.N - 1
+    kw: Dict[str, Any] = dict(num_spatial_dims=2, num_prefix_tokens=1, grid_size=(g, g)) if grid else dict(
+        num_spatial_dims=1)
+    if family == 'goat':
+        kw['num_modes'] = 4 if shape.d >= 32 else 2  # as the goat rows
+    torch.manual_seed(0)
+    layers = [cls(shape.H * shape.d, shape.H, kernel_backend=backend, **kw) for backend in ('triton', 'torch')]
+    layers[1].load_state_dict(layers[0].state_dict())
+    kernel_layer, sdpa_layer = (m.to(device=device, dtype=dtype) for m in layers)
+    x = torch.randn(shape.B, shape.N, shape.H * shape.d, device=device, dtype=dtype, requires_grad=True)
+    def trained(m: torch.nn.Module) -> List[torch.Tensor]:
+        return [x, *(p for p in m.parameters() if p.requires_grad)]
+    return (lambda: kernel_layer(x, is_causal=shape.causal), trained(kernel_layer),
+            lambda: sdpa_layer(x, is_causal=shape.causal), trained(sdpa_layer))
+
+
 def build(section: str, shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
     """The (kernel, baseline) pair of a row."""
+    if section in ('goat_layer', 'pope_layer'):
+        return build_prior_layer(section.split('_')[0], shape, device, dtype)
     if section == 'lavo':
         return build_lavo(shape, device, dtype)
     if section == 'lavo_kernel':
@@ -495,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
 
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:

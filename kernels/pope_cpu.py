@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ['SOURCE', 'compiled_op_isa', 'load_pope_cpu_op', 'pope_cpu_attention']
+__all__ = ['SOURCE', 'check_inputs', 'compiled_op_isa', 'load_pope_cpu_op', 'pope_cpu_attention']
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pope_cpu.cpp')
 # torch's extension cache keys builds by name and source hash, not by torch version: the version goes in
@@ -77,6 +77,29 @@ def compiled_op_isa() -> Optional[str]:
     return str(torch.ops.vision_priors_cpu.pope_isa())
 
 
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor) -> None:
+    """Raise ValueError naming the offending device, dtype or shape before the compiled op sees the inputs.
+
+    The op checks the same things itself (``TORCH_CHECK``), but an exception thrown inside a compiled
+    extension crossed back into Python as a segmentation fault under torch 2.11 on the H200 machine
+    (``benchmarks/results/h200_2026-12-04/pytest_pope_cpu.log``), so callers never rely on that path.
+    """
+    if not all(t.device.type == 'cpu' for t in (q, k, v)):
+        raise ValueError(f'pope_cpu_attention: CPU tensors expected, got {q.device} / {k.device} / {v.device}')
+    if not all(t.dtype == torch.float32 for t in (q, k, v, q_table, k_table)):
+        raise ValueError(f'pope_cpu_attention: float32 tensors expected, got q {q.dtype}, k {k.dtype}, v {v.dtype}, '
+                         f'tables {q_table.dtype} / {k_table.dtype}')
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f'pope_cpu_attention: q, k, v must all be (B, H, N, d), got {tuple(q.shape)}, '
+                         f'{tuple(k.shape)}, {tuple(v.shape)}')
+    B, H, N, d = q.shape
+    for name, table in (('q_table', q_table), ('k_table', k_table)):
+        t = table.unsqueeze(0) if table.dim() == 4 else table
+        if not (t.dim() == 5 and t.shape[0] in (1, B) and t.shape[1] in (1, H) and tuple(t.shape[2:]) == (N, 2, d)):
+            raise ValueError(f'pope_cpu_attention: {name} of shape {tuple(table.shape)} does not match B={B}, H={H}, '
+                             f'N={N}, d={d}: expected (1 or H, N, 2, d) or (B, 1 or H, N, 2, d)')
+
+
 def pope_cpu_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table: Tensor,
                        logits_bytes: int = DEFAULT_LOGITS_BYTES) -> Tensor:
     """PoPE attention on CPU, float32, without autograd (see the module docstring).
@@ -93,11 +116,12 @@ def pope_cpu_attention(q: Tensor, k: Tensor, v: Tensor, q_table: Tensor, k_table
 
     Raises:
         RuntimeError: the op could not be built, or an input needs gradients (the op has no backward).
-        ValueError / RuntimeError from the op: wrong device, dtype or shapes (the message names them).
+        ValueError: wrong device, dtype or shapes (the message names them; :func:`check_inputs`).
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_table, k_table)):
         raise RuntimeError('pope_cpu_attention has no backward: call it under torch.no_grad() / '
                            'torch.inference_mode(), or use the SDPA path for training')
+    check_inputs(q, k, v, q_table, k_table)
     op = load_pope_cpu_op()
     if op is None:
         raise RuntimeError(f'the compiled PoPE CPU attention is unavailable ({_build_error})')

@@ -98,3 +98,14 @@ def test_failures_become_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     late = bench.run(['plain'], bench.dry_shapes(), torch.device('cpu'), torch.float32,
                      lambda fn: 1.0, budget_s=-1, log=lambda s: None)
     assert all(r.result == 'SKIP' and 'time budget' in r.note for r in late)
+
+
+def test_without_cuda_it_stops_with_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """No GPU and no --dry-run: argparse's usage error (exit 2) naming the way out, not a traceback."""
+    bench = _load_bench()
+    monkeypatch.setattr(bench.torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        bench.main([])
+    assert exc.value.code == 2
+    assert 'no CUDA device: run on a GPU machine, or pass --dry-run' in capsys.readouterr().err

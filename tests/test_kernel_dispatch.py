@@ -99,17 +99,17 @@ def test_lavo_kernel_path_matches_torch_path(causal, dissection):
 def test_selection_rule(monkeypatch):
     x = torch.zeros(2, 5, 8)
     monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
-    assert not use_flash_kernel('auto', x, None, False, 64)            # CPU tensors: 'auto' keeps SDPA
-    assert not use_flash_kernel('torch', x, None, False, 64)
-    assert not use_flash_kernel('triton', x, None, True, 64)           # attention dropout: SDPA
-    assert not use_flash_kernel('triton', x, None, False, 256)         # head dim beyond the kernel's 128
+    assert not use_flash_kernel('auto', x, None, False, 64, family='lavo')  # CPU tensors: 'auto' keeps SDPA
+    assert not use_flash_kernel('torch', x, None, False, 64, family='lavo')
+    assert not use_flash_kernel('triton', x, None, True, 64, family='lavo')  # attention dropout: SDPA
+    assert not use_flash_kernel('triton', x, None, False, 256, family='lavo')  # head dim beyond the kernel's 128
     float_mask = torch.zeros(2, 1, 5, 5)
-    assert not use_flash_kernel('triton', x, float_mask, False, 64)    # additive masks: SDPA
+    assert not use_flash_kernel('triton', x, float_mask, False, 64, family='lavo')  # additive masks: SDPA
     monkeypatch.setenv('VISION_PRIORS_KERNELS', 'torch')
-    assert not use_flash_kernel('auto', x, None, False, 64)
+    assert not use_flash_kernel('auto', x, None, False, 64, family='lavo')
     monkeypatch.setenv('VISION_PRIORS_KERNELS', 'fast')
     with pytest.raises(ValueError, match="VISION_PRIORS_KERNELS must be 'triton', 'torch' or 'auto', got 'fast'"):
-        use_flash_kernel('auto', x, None, False, 64)
+        use_flash_kernel('auto', x, None, False, 64, family='lavo')
     mask = torch.tensor([[True, True, False]]).view(1, 1, 1, 3)
     assert kernel_key_mask(None, mask).tolist() == [[True, True, False]]  # True = valid key, as key_mask
     assert kernel_key_mask(torch.tensor([[False, True, True]]), mask).tolist() == [[False, True, False]]
@@ -122,7 +122,25 @@ def test_auto_keeps_the_torch_path_for_float64(monkeypatch):
     import vision_priors.layers.kernel_dispatch as dispatch
     monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
     monkeypatch.setattr(dispatch, 'resolve_backend', lambda backend, x: 'triton')  # as on a GPU
-    assert use_flash_kernel('auto', torch.zeros(2, 5, 8), None, False, 64)
-    assert use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float16), None, False, 64)
-    assert not use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64)
-    assert use_flash_kernel('triton', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64)  # kernel refuses
+    assert use_flash_kernel('auto', torch.zeros(2, 5, 8), None, False, 64, family='lavo')
+    assert use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float16), None, False, 64, family='lavo')
+    assert not use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64, family='lavo')
+    assert use_flash_kernel('triton', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64, family='lavo')  # kernel refuses
+
+
+def test_auto_picks_sdpa_for_goat_and_pope_and_the_kernel_for_lavo_on_cuda(monkeypatch):
+    """'auto' on (what would be) CUDA: GOAT and PoPE stay on SDPA, where an H200 ran them 3-9x faster than
+    the flash-prior kernel; LAVO takes its kernels. 'triton' (argument or environment) forces every kernel."""
+    import vision_priors.layers.kernel_dispatch as dispatch
+    monkeypatch.delenv('VISION_PRIORS_KERNELS', raising=False)
+    monkeypatch.setattr(dispatch, 'resolve_backend', lambda backend, x: 'triton')  # as on a GPU
+    x = torch.zeros(2, 5, 8, dtype=torch.bfloat16)
+    assert dispatch.AUTO_PICKS_KERNEL == {'goat': False, 'pope': False, 'lavo': True}
+    assert not use_flash_kernel('auto', x, None, False, 64, family='goat')
+    assert not use_flash_kernel('auto', x, None, False, 64, family='pope')
+    assert use_flash_kernel('auto', x, None, False, 64, family='lavo')
+    for family in ('goat', 'pope', 'lavo'):
+        assert use_flash_kernel('triton', x, None, False, 64, family=family)
+    monkeypatch.setenv('VISION_PRIORS_KERNELS', 'triton')
+    assert use_flash_kernel('auto', x, None, False, 64, family='goat')
+    assert use_flash_kernel('auto', x, None, False, 64, family='pope')

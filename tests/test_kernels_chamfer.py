@@ -279,7 +279,9 @@ def test_empty_cloud_is_an_error_under_mean_and_sum_and_nan_under_none(backend):
         none = chamfer_distance(x, y, reduction='none', backend=backend, **kw)
         assert torch.isnan(none[empty]) and torch.isfinite(none).sum() == 2
         keep = [b for b in range(3) if b != empty]
-        torch.testing.assert_close(none[keep], full[keep], rtol=0, atol=0)
+        # the same values up to float rounding: with lengths / masks the kernel is another specialization, whose
+        # compiled code may contract or order the sums differently (1 ulp, 2.4e-7 on an H200)
+        torch.testing.assert_close(none[keep], full[keep], rtol=1e-6, atol=1e-6)
         for reduction in ('mean', 'sum'):
             with pytest.raises(ValueError, match=(
                     rf"^cloud {cloud} has no valid point in sample\(s\) \[{empty}\]: its Chamfer distance is "

@@ -225,18 +225,18 @@ def test_errors_name_the_offending_value():
     with pytest.raises(ValueError, match="alpha is not used by mode='plain'"):
         flash_prior_attention(q, k, v, alpha=kw['alpha'])
     with pytest.raises(ValueError, match=r"beta must be \(H, D, R\) = \(2, 2, 2\), got \(2, 2, 3\)"):
-        flash_prior_attention(q, k, v, mode='goat', **dict(kw, beta=torch.zeros(2, 2, 3)))
+        flash_prior_attention(q, k, v, mode='goat', **dict(kw, beta=torch.zeros(2, 2, 3, device=q.device)))
     with pytest.raises(ValueError, match=r"key_mask must be a bool tensor of shape \(B, L\) = \(1, 17\) with "
                                          r"True = valid key, got torch.bool \(1, 16\)"):
-        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 16, dtype=torch.bool))
+        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 16, dtype=torch.bool, device=q.device))
     with pytest.raises(TypeError, match=r"key_mask must be a bool tensor .* True = valid key, got torch.uint8"):
-        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 17, dtype=torch.uint8))
+        flash_prior_attention(q, k, v, key_mask=torch.zeros(1, 17, dtype=torch.uint8, device=q.device))
     with pytest.raises(TypeError, match="key_padding_mask"):  # the old name (True = padded) is gone
-        flash_prior_attention(q, k, v, key_padding_mask=torch.zeros(1, 17, dtype=torch.bool))
+        flash_prior_attention(q, k, v, key_padding_mask=torch.zeros(1, 17, dtype=torch.bool, device=q.device))
     with pytest.raises(ValueError, match=r"coords must be \(N - P, D\) = \(16, D\)"):
         flash_prior_attention(q, k, v, mode='goat', **dict(kw, num_prefix_tokens=1))
     with pytest.raises(ValueError, match="exceed the supported maximum 128"):
-        wide = torch.zeros(1, 1, 3, 160)
+        wide = torch.zeros(1, 1, 3, 160, device=q.device)
         flash_prior_attention(wide, wide, wide)
     pq, pk, pv, pkw, _ = _make_case('pope', 1, 2, 17, 16, 16, D=1)
     with pytest.raises(ValueError, match="treats coords and freqs as constants"):

@@ -127,17 +127,34 @@ def test_process_floating_point_state_unchanged(op):
 
 
 def test_clear_errors(op):
+    """The wrapper checks device, dtype and shapes in Python (ValueError naming them) before the op runs."""
     q, k, v, q_phase, k_phase = make_inputs(1, 2, 5, 4, False)
     q_table, k_table = phase_table(q_phase).float(), phase_table(k_phase).float()
     with torch.inference_mode():
-        with pytest.raises(RuntimeError, match='float32 tensors expected'):
+        with pytest.raises(ValueError, match=r'^pope_cpu_attention: float32 tensors expected, got q torch.float64'):
             op(q.double(), k.double(), v.double(), q_table.double(), k_table.double())
-        with pytest.raises(RuntimeError, match=r'k_table of shape .* does not match B=1, H=2, N=5, d=4'):
+        with pytest.raises(ValueError, match=r'k_table of shape \(2, 5, 2, 3\) does not match B=1, H=2, N=5, d=4'):
             op(q, k, v, q_table, k_table[..., :3])
-        with pytest.raises(RuntimeError, match=r'q, k, v must all be \(B, H, N, d\)'):
+        with pytest.raises(ValueError, match=r'q_table of shape \(3, 5, 2, 4\) does not match B=1, H=2'):
+            op(q, k, v, q_table.expand(3, 5, 2, 4), k_table)  # 3 heads in the table, 2 in q
+        with pytest.raises(ValueError, match=r'q, k, v must all be \(B, H, N, d\), got \(1, 2, 5, 4\), \(1, 2, 4, 4\)'):
             op(q, k[:, :, :4], v, q_table, k_table)
+        with pytest.raises(ValueError, match=r'^pope_cpu_attention: CPU tensors expected, got meta / cpu / cpu$'):
+            op(q.to('meta'), k, v, q_table, k_table)
     with pytest.raises(RuntimeError, match='no backward'):
         op(q.requires_grad_(), k, v, q_table, k_table)
+
+
+def test_compiled_op_checks_its_inputs_too(op):
+    """The op's own TORCH_CHECKs (its second line, for direct torch.ops callers) raise RuntimeError."""
+    q, k, v, q_phase, k_phase = make_inputs(1, 2, 5, 4, False)
+    q_table, k_table = phase_table(q_phase).float(), phase_table(k_phase).float()
+    raw = torch.ops.vision_priors_cpu.pope_attention
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match='float32 tensors expected'):
+            raw(q.double(), k.double(), v.double(), q_table.double(), k_table.double(), 1 << 20)
+        with pytest.raises(RuntimeError, match=r'k_table of shape .* does not match B=1, H=2, N=5, d=4'):
+            raw(q, k, v, q_table, k_table[..., :3], 1 << 20)
 
 
 def test_build_failure_falls_back_with_a_warning(monkeypatch):

@@ -2,7 +2,8 @@
 
 One rule for every layer: the Triton op runs when the backend resolves to Triton (``kernel_backend``
 argument 'auto' | 'triton' | 'torch', then the ``VISION_PRIORS_KERNELS`` environment variable; 'auto'
-means Triton on CUDA tensors), and the call is one the kernel computes exactly: no attention dropout
+means Triton on CUDA tensors for the layers whose kernels beat their SDPA path, see
+``AUTO_PICKS_KERNEL``), and the call is one the kernel computes exactly: no attention dropout
 while training, and a general ``attn_mask`` that is either absent or a boolean (B, 1, 1, N) one (which
 is a key mask). Everything else (TorchScript, torch.fx tracing, CPU tensors without the interpreter,
 general masks) keeps the exact PyTorch path.
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from vision_priors.kernels._backend import BACKENDS, requested_backend, resolve_backend
 
-__all__ = ['KERNEL_BACKENDS', 'check_kernel_backend', 'kernel_key_mask', 'key_mask_to_attn_mask',
+__all__ = ['AUTO_PICKS_KERNEL', 'KERNEL_BACKENDS', 'check_kernel_backend', 'kernel_key_mask', 'key_mask_to_attn_mask',
            'tracing_or_compiling', 'use_flash_kernel']
 
 KERNEL_BACKENDS = BACKENDS
@@ -86,14 +87,26 @@ def tracing_or_compiling() -> bool:
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
 
+# Whether 'auto' picks each layer family's Triton kernel on CUDA, from benchmarks/gpu_check.sh on an H200
+# (bf16, README "Results / GPU", benchmarks/results/h200_2026-12-04): the flash-prior kernel ran GOAT at
+# 0.17-0.37x (forward) and 0.24-0.28x (forward + backward) the speed of SDPA's flash backend without a prior,
+# which is the very call GOAT's SDPA path makes (its positional coordinates come out of the head width), and
+# PoPE at 0.11-0.29x of SDPA on the materialised width-2d q / k; so 'auto' keeps both on SDPA and the kernels
+# run when asked for ('triton' or VISION_PRIORS_KERNELS=triton). LAVO's kernels passed SDPA causal from 8K
+# tokens (1.07-1.82x), where its O(N) form matters, and stay the 'auto' choice.
+AUTO_PICKS_KERNEL = {'goat': False, 'pope': False, 'lavo': True}
+
 
 @torch.jit.unused
 def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropout_active: bool,
-                     head_dim: int) -> bool:
-    """Whether a layer's fused path should call the Triton kernel for input ``x``."""
+                     head_dim: int, *, family: str) -> bool:
+    """Whether a layer's fused path should call the Triton kernel for input ``x``; ``family`` ('goat',
+    'pope' or 'lavo') says whether 'auto' wants the kernel at all (``AUTO_PICKS_KERNEL``)."""
     if tracing_or_compiling():
         return False
     if backend == 'torch' or dropout_active or head_dim > 128:
+        return False
+    if requested_backend(backend) == 'auto' and not AUTO_PICKS_KERNEL[family]:
         return False
     if x.dtype not in KERNEL_DTYPES and requested_backend(backend) == 'auto':
         return False  # e.g. float64 on CUDA: 'auto' keeps the torch path ('triton' lets the kernel refuse it)

@@ -472,7 +472,7 @@ class LavoAttention(nn.Module):
         grid = self._check_grid(grid_size, num_prefix_tokens, length)
         q, k, v = self._qkv(x)
         if not torch.jit.is_scripting() and use_flash_kernel(
-                self.kernel_backend, x, None, self.training and self.attn_drop.p > 0, self.head_dim):
+                self.kernel_backend, x, None, self.training and self.attn_drop.p > 0, self.head_dim, family='lavo'):
             if grid is None:
                 return self._out(self._kernel_branches(q, k, v, valid))
             return self._out(self._kernel_branches_2d(q, k, v, valid, grid, num_prefix_tokens))

@@ -350,11 +350,12 @@ class PopeAttention(nn.Module):
         learn_bias: Learn the phase bias delta.
         qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer: As timm's ``Attention``; qk_norm acts
             on the pre-softplus q, k.
-        fused_attn: Use the fused path rather than the dense one: the Triton kernel (CUDA), one SDPA
+        fused_attn: Use the fused path rather than the dense one: the Triton kernel (CUDA, 'triton'), one SDPA
             call, or, for CPU inference without a mask, ``cpu_inference_attention`` (same result, v kept
             at width d, cache-sized logits; the compiled C++ op for float32 where it is the faster one).
-        kernel_backend: 'auto' (Triton kernel on CUDA tensors, compiled op for CPU inference where
-            :func:`compiled_op_is_faster_here`), 'triton'
+        kernel_backend: 'auto' (SDPA on CUDA tensors: on an H200 it ran 3-9x faster than the Triton kernel,
+            ``kernel_dispatch.AUTO_PICKS_KERNEL``; the compiled op for CPU inference where
+            :func:`compiled_op_is_faster_here`), 'triton' (the kernel on CUDA tensors)
             or 'torch' (SDPA, and torch ops for CPU inference); the ``VISION_PRIORS_KERNELS``
             environment variable overrides 'auto'.
     """
@@ -445,7 +446,7 @@ class PopeAttention(nn.Module):
         q, k, v = self.qkv(x).reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         if not torch.jit.is_scripting() and not return_attn and self.fused_attn and use_flash_kernel(
-                self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh):
+                self.kernel_backend, x, attn_mask, self.training and self.attn_drop.p > 0, dh, family='pope'):
             out = self._flash_attention(q, k, v, coords, kernel_key_mask(key_mask, attn_mask), is_causal)
             return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
