@@ -22,11 +22,12 @@ Rows (``ratio`` = baseline time / kernel time, so > 1 means the kernel is faster
               vision_priors.kernels.lavo once the layer dispatches to it)
     lavo_     vision_priors.kernels.lavo: lavo_local (sliding + block) and      causal SDPA on the same q, k, v;
     kernel    lavo_global, combined as the layer does             >= 1.0x from N = 4K on
-    goat_     GoatAttention / PopeAttention, the whole layer,     the same layer (same weights) with
-    layer,    kernel_backend='triton' (ViT rows: 2D grid + class  kernel_backend='torch': its SDPA
-    pope_     token; LM rows: 1D causal)                          path; no goal: > 1 says 'auto'
-    layer                                                         should pick the kernel
-                                                                  (kernel_dispatch.AUTO_PICKS_KERNEL)
+    goat_     GoatAttention / PopeAttention / LavoAttention, the  the same layer (same weights) with
+    layer,    whole layer, kernel_backend='triton' (ViT rows: 2D  kernel_backend='torch': its SDPA /
+    pope_     grid + class token; LM rows: 1D causal)             torch path; no goal: > 1 says
+    layer,                                                        'auto' should pick the kernel
+    lavo_                                                         (kernel_dispatch.AUTO_PICKS_KERNEL)
+    layer
     ========  ===================================================  ================================
 
 FLOP convention: a row's FLOPs are those of softmax attention at head width d = 64 on that shape,
@@ -70,14 +71,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_lavo import SdpaAttention  # noqa: E402  (causal SDPA with LavoAttention's projections)
 
-SECTIONS = ('goat', 'pope', 'plain', 'lavo', 'lavo_kernel', 'goat_layer', 'pope_layer')
+SECTIONS = ('goat', 'pope', 'plain', 'lavo', 'lavo_kernel', 'goat_layer', 'pope_layer', 'lavo_layer')
 PASSES = ('fwd', 'fwd+bwd')
+CAUSAL_ONLY = ('lavo', 'lavo_kernel')  # rows against causal SDPA
 GOALS: Dict[str, Tuple[float, int]] = {  # row -> (minimum speed-up, from this N on)
     'goat': (0.9, 0), 'pope': (1.3, 0), 'lavo': (1.0, 4096), 'lavo_kernel': (1.0, 4096),
 }
 BASELINES = {
     'goat': 'SDPA flash, no prior', 'pope': 'SDPA, 2d-wide q/k', 'plain': 'SDPA', 'lavo': 'SDPA causal layer',
     'lavo_kernel': 'SDPA causal', 'goat_layer': 'the layer on SDPA', 'pope_layer': 'the layer on SDPA',
+    'lavo_layer': 'the layer on torch ops',
 }
 
 
@@ -369,31 +372,37 @@ def build_lavo(shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
 
 
 def build_prior_layer(family: str, shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
-    """``GoatAttention`` / ``PopeAttention`` on its Triton kernel against the same layer on its SDPA path:
-    the measurement behind ``kernel_dispatch.AUTO_PICKS_KERNEL``. ViT rows: a g x g grid plus a class token
-    (bidirectional); LM rows: a causal 1D sequence. Gradients: x and every weight."""
-    from vision_priors.layers import GoatAttention, PopeAttention
-    cls = {'goat': GoatAttention, 'pope': PopeAttention}[family]
+    """``GoatAttention`` / ``PopeAttention`` / ``LavoAttention`` on its Triton kernels against the same layer
+    on its SDPA / torch path: the measurement behind ``kernel_dispatch.AUTO_PICKS_KERNEL``. ViT rows: a g x g
+    grid plus a class token (bidirectional); LM rows: a causal 1D sequence. Gradients: x and every weight."""
+    from vision_priors.layers import GoatAttention, LavoAttention, PopeAttention
     g = math.isqrt(max(shape.N - 1, 0))
     grid = shape.family == 'vit' and g * g == shape.N - 1
-    kw: Dict[str, Any] = dict(num_spatial_dims=2, num_prefix_tokens=1, grid_size=(g, g)) if grid else dict(
-        num_spatial_dims=1)
-    if family == 'goat':
-        kw['num_modes'] = 4 if shape.d >= 32 else 2  # as the goat rows
+    if family == 'lavo':
+        kw: Dict[str, Any] = dict(num_slots=min(64, shape.d), window=min(64, shape.N), causal=shape.causal,
+                                  num_spatial_dims=2 if grid else 1)
+        call: Dict[str, Any] = dict(grid_size=[g, g], num_prefix_tokens=1) if grid else {}
+    else:
+        kw = dict(num_spatial_dims=2, num_prefix_tokens=1, grid_size=(g, g)) if grid else dict(num_spatial_dims=1)
+        if family == 'goat':
+            kw['num_modes'] = 4 if shape.d >= 32 else 2  # as the goat rows
+        call = dict(is_causal=shape.causal)
+    cls = {'goat': GoatAttention, 'pope': PopeAttention, 'lavo': LavoAttention}[family]
     torch.manual_seed(0)
     layers = [cls(shape.H * shape.d, shape.H, kernel_backend=backend, **kw) for backend in ('triton', 'torch')]
     layers[1].load_state_dict(layers[0].state_dict())
-    kernel_layer, sdpa_layer = (m.to(device=device, dtype=dtype) for m in layers)
+    kernel_layer, torch_layer = (m.to(device=device, dtype=dtype) for m in layers)
     x = torch.randn(shape.B, shape.N, shape.H * shape.d, device=device, dtype=dtype, requires_grad=True)
+
     def trained(m: torch.nn.Module) -> List[torch.Tensor]:
         return [x, *(p for p in m.parameters() if p.requires_grad)]
-    return (lambda: kernel_layer(x, is_causal=shape.causal), trained(kernel_layer),
-            lambda: sdpa_layer(x, is_causal=shape.causal), trained(sdpa_layer))
+    return (lambda: kernel_layer(x, **call), trained(kernel_layer),
+            lambda: torch_layer(x, **call), trained(torch_layer))
 
 
 def build(section: str, shape: Shape, device: torch.device, dtype: torch.dtype) -> Pair:
     """The (kernel, baseline) pair of a row."""
-    if section in ('goat_layer', 'pope_layer'):
+    if section in ('goat_layer', 'pope_layer', 'lavo_layer'):
         return build_prior_layer(section.split('_')[0], shape, device, dtype)
     if section == 'lavo':
         return build_lavo(shape, device, dtype)
@@ -441,7 +450,8 @@ def run(sections: Sequence[str], shapes: Sequence[Shape], device: torch.device, 
     """Every (section, shape, pass) row; one row's failure gives ERROR rows, never an exception.
 
     Args:
-        sections: row types (:data:`SECTIONS`); LAVO rows only use the causal shapes.
+        sections: row types (:data:`SECTIONS`); the rows against causal SDPA (``CAUSAL_ONLY``) only use the
+            causal shapes.
         shapes: problems to time.
         device, dtype: where and in what precision.
         timer: milliseconds of a call (:class:`Timer`).
@@ -456,7 +466,7 @@ def run(sections: Sequence[str], shapes: Sequence[Shape], device: torch.device, 
     # shape-major order: if the budget runs out, every row type has its smaller shapes measured
     for shape in shapes:
         for section in sections:
-            if section.startswith('lavo') and not shape.causal:
+            if section in CAUSAL_ONLY and not shape.causal:
                 continue
             if time.monotonic() > deadline and not stop:
                 stop = f'time budget of {budget_s:.0f} s used up'

@@ -99,7 +99,7 @@ AUTO_PICKS_KERNEL = {'goat': False, 'pope': False, 'lavo': True}
 
 @torch.jit.unused
 def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropout_active: bool,
-                     head_dim: int, *, family: str) -> bool:
+                     head_dim: int, family: str) -> bool:
     """Whether a layer's fused path should call the Triton kernel for input ``x``; ``family`` ('goat',
     'pope' or 'lavo') says whether 'auto' wants the kernel at all (``AUTO_PICKS_KERNEL``)."""
     if tracing_or_compiling():
