@@ -468,7 +468,7 @@ class GoatAttention(nn.Module):
         key-padding convention (it combines with either); a query without any valid key outputs zeros.
         Returns ``out`` (B, N, C), or ``(out, probs)`` with ``return_attn=True``, both from the explicit
         dense path (probs: (B, H, N, N)). The fused path runs the Triton kernel where ``kernel_backend`` /
-        ``VISION_PRIORS_KERNELS`` select it (default: on CUDA tensors; see ``kernel_dispatch``) and one
+        ``VISION_PRIORS_KERNELS`` select it ('triton'; 'auto' keeps SDPA, see ``kernel_dispatch``) and one
         SDPA call otherwise.
         """
         B, N, C = x.shape
