@@ -37,7 +37,9 @@ therefore "effective" and the kernel / baseline TFLOP/s ratio equals the time ra
 
 Timing: CUDA events around each call, ``--warmup`` untimed calls (Triton's JIT compile lands there),
 then the median of ``--repeats`` timed calls; forward+backward is one forward plus
-``torch.autograd.grad`` of the output w.r.t. q, k, v (or x and the weights for the LAVO layer).
+``torch.autograd.grad`` of the output w.r.t. q, k, v (or x and the weights for the LAVO layer). The
+"kernel host ms" column is the CPU time the kernel side's call took to issue its work (``Timer.last_host_ms``):
+close to "kernel ms", the call is bound by the host (Python, launches), not by the GPU.
 Every (row, shape) runs in its own try/except: a failure prints an ERROR row and the run goes on;
 a kernel module that is absent gives SKIP rows that say why. After ``--budget-s`` seconds the
 remaining rows are SKIPped, so the whole run stays inside the GPU check's time limit.
@@ -132,6 +134,7 @@ class Row:
     status: str = 'ok'  # ok | SKIP | ERROR
     note: str = ''
     dry_run: bool = False  # CPU smoke run: goals are not evaluated
+    kernel_host_ms: Optional[float] = None  # CPU time to issue the kernel side's call (Timer.last_host_ms)
 
     @property
     def ratio(self) -> Optional[float]:
@@ -171,22 +174,30 @@ class Row:
 # timing
 
 class Timer:
-    """Median milliseconds of a call: CUDA events on a GPU, ``time.perf_counter`` otherwise."""
+    """Median milliseconds of a call: CUDA events on a GPU, ``time.perf_counter`` otherwise.
+
+    ``last_host_ms`` is the median CPU time the last timed call took to issue its work (``perf_counter`` from
+    before the start event to after the end event, with no synchronisation in between): where it is close to
+    the event time, the call is bound by the host (Python, argument checks, launches), not by the GPU.
+    """
 
     def __init__(self, cuda: bool, warmup: int, repeats: int) -> None:
         self.cuda, self.warmup, self.repeats = cuda, warmup, repeats
+        self.last_host_ms: Optional[float] = None
 
     def __call__(self, fn: Callable[[], Any]) -> float:
         for _ in range(self.warmup):
             fn()
-        times = []
+        times, host = [], []
         if self.cuda:
             torch.cuda.synchronize()
             for _ in range(self.repeats):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
                 start.record()
                 fn()
                 end.record()
+                host.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
         else:
@@ -194,6 +205,8 @@ class Timer:
                 t0 = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t0) * 1e3)
+            host = times
+        self.last_host_ms = statistics.median(host)
         return statistics.median(times)
 
 
@@ -433,14 +446,15 @@ def header(device: torch.device) -> str:
     return '\n'.join(lines)
 
 
-def _rows(section: str, shape: Shape, status: str, note: str, times: Dict[str, Tuple[float, float]],
-          dry_run: bool) -> List[Row]:
-    """The fwd and fwd+bwd rows of one (section, shape): measured passes are 'ok', the others ``status``."""
+def _rows(section: str, shape: Shape, status: str, note: str,
+          times: Dict[str, Tuple[float, float, Optional[float]]], dry_run: bool) -> List[Row]:
+    """The fwd and fwd+bwd rows of one (section, shape): measured passes are 'ok', the others ``status``;
+    ``times[pass]`` is (kernel ms, baseline ms, kernel host ms)."""
     rows = []
     for p in PASSES:
-        km, bm = times.get(p, (None, None))
+        km, bm, kh = times.get(p, (None, None, None))
         rows.append(Row(section, shape.label, p, shape.N, km, bm, shape.flops(p),
-                        'ok' if p in times else status, note, dry_run))
+                        'ok' if p in times else status, note, dry_run, kh))
     return rows
 
 
@@ -474,11 +488,15 @@ def run(sections: Sequence[str], shapes: Sequence[Shape], device: torch.device, 
                 rows += _rows(section, shape, 'SKIP', stop, {}, dry_run)
                 continue
             t0 = time.monotonic()
-            times: Dict[str, Tuple[float, float]] = {}
+            times: Dict[str, Tuple[float, float, Optional[float]]] = {}
             try:
                 kern, kern_in, base, base_in = build(section, shape, device, dtype)
-                times['fwd'] = (timer(no_grad(kern)), timer(no_grad(base)))
-                times['fwd+bwd'] = (timer(fwd_bwd(kern, kern_in)), timer(fwd_bwd(base, base_in)))
+                kern_ms = timer(no_grad(kern))
+                kern_host = getattr(timer, 'last_host_ms', None)
+                times['fwd'] = (kern_ms, timer(no_grad(base)), kern_host)
+                kern_ms = timer(fwd_bwd(kern, kern_in))
+                kern_host = getattr(timer, 'last_host_ms', None)
+                times['fwd+bwd'] = (kern_ms, timer(fwd_bwd(base, base_in)), kern_host)
                 rows += _rows(section, shape, 'ok', '', times, dry_run)
             except Skip as exc:
                 rows += _rows(section, shape, 'SKIP', str(exc), times, dry_run)
@@ -505,13 +523,14 @@ def _fmt(x: Optional[float], spec: str) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     """One markdown table of every row."""
-    cols = ['row', 'shape', 'pass', 'kernel ms', 'baseline ms', 'kernel TFLOP/s', 'baseline TFLOP/s',
+    cols = ['row', 'shape', 'pass', 'kernel ms', 'kernel host ms', 'baseline ms', 'kernel TFLOP/s', 'baseline TFLOP/s',
             'baseline', 'speed-up', 'goal', 'result', 'note']
     out = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     for r in rows:
         goal = f'>= {r.goal:g}x' if r.goal is not None else '-'
         out.append('| ' + ' | '.join([
-            r.section, r.shape, r.pass_, _fmt(r.kernel_ms, '.3f'), _fmt(r.baseline_ms, '.3f'),
+            r.section, r.shape, r.pass_, _fmt(r.kernel_ms, '.3f'), _fmt(r.kernel_host_ms, '.3f'),
+            _fmt(r.baseline_ms, '.3f'),
             _fmt(r.tflops(r.kernel_ms), '.1f'), _fmt(r.tflops(r.baseline_ms), '.1f'), BASELINES.get(r.section, ''),
             _fmt(r.ratio, '.2f') + ('x' if r.ratio is not None else ''), goal, r.result,
             r.note.replace('|', '/')]) + ' |')

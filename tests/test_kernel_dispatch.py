@@ -125,7 +125,8 @@ def test_auto_keeps_the_torch_path_for_float64(monkeypatch):
     assert use_flash_kernel('auto', torch.zeros(2, 5, 8), None, False, 64, family='lavo')
     assert use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float16), None, False, 64, family='lavo')
     assert not use_flash_kernel('auto', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64, family='lavo')
-    assert use_flash_kernel('triton', torch.zeros(2, 5, 8, dtype=torch.float64), None, False, 64, family='lavo')  # kernel refuses
+    double = torch.zeros(2, 5, 8, dtype=torch.float64)
+    assert use_flash_kernel('triton', double, None, False, 64, family='lavo')  # 'triton': the kernel refuses it
 
 
 def test_auto_picks_sdpa_for_goat_and_pope_and_the_kernel_for_lavo_on_cuda(monkeypatch):
