@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check (issue 6 and the GPU path of every recipe), one command on a CUDA machine, < 9 minutes on an H200:
+# The GPU check (issue 6 and the GPU path of every recipe), one command on a CUDA machine, < 9.5 minutes on an H200:
 #   1. the kernel tests on the GPU at real sizes: pytest tests/test_kernels_*.py (all but the CPU-only
 #      test_kernels_compile.py and test_kernels_pope_cpu.py) and tests/test_kernel_dispatch.py (layers -> kernels), in
 #      parallel workers where pytest-xdist is installed, with
 #      VISION_PRIORS_GPU_CHECK=1 (the kernel tests enlarge their shapes when it is set);
 #   2. tests/test_gpu_smoke.py: every recipe trains a few updates and evaluates on the GPU (bf16 autocast; the
 #      models on 'auto' and on every Triton kernel);
-#   3. benchmarks/bench_kernels.py: fwd and fwd+bwd time of every kernel mode against
+#   3. benchmarks/train_step.py --device cuda --amp bf16: training steps of our GOAT / PoPE / LAVO ViT-S against
+#      timm's vit_small_patch16_224 (batch 128 at 224 px), the package's defaults ('auto' kernels);
+#   4. benchmarks/bench_kernels.py: fwd and fwd+bwd time of every kernel mode against
 #      F.scaled_dot_product_attention, and of each attention layer on its kernels against the same layer on
 #      SDPA / torch ops, one markdown table with goals and PASS / MISS.
-# Every part always runs, each under a hard time limit: the kernel tests get at most PYTEST_LIMIT_S (210 s),
-# the recipe runs SMOKE_LIMIT_S (150 s), the benchmark what is left of TOTAL_LIMIT_S (510 s; at least 90 s),
-# plus <= 15 s each to stop, so the whole run ends within 9 minutes. Outputs go to $OUT (default
-# outputs/gpu_check): pytest.log, smoke.log, bench_kernels.md, bench_kernels.json, bench_kernels.err (per-row
-# log and tracebacks). A machine without a package index needs benchmarks/gpu_wheels.sh's wheels (see there).
+# Every part always runs, each under a hard time limit: the kernel tests get at most PYTEST_LIMIT_S (180 s),
+# the recipe runs SMOKE_LIMIT_S (120 s), the training steps TRAIN_LIMIT_S (75 s), the benchmark what is left of
+# TOTAL_LIMIT_S (540 s; at least 90 s), plus <= 15 s each to stop, so the whole run ends within 9.5 minutes.
+# Outputs go to $OUT (default outputs/gpu_check): pytest.log, smoke.log, train_step.md, train_step.json,
+# bench_kernels.md, bench_kernels.json, bench_kernels.err (per-row log and tracebacks). A machine without a
+# package index needs benchmarks/gpu_wheels.sh's wheels (see there).
 #
 #   benchmarks/gpu_check.sh                  # PYTHON=... to choose the interpreter
 #   PYTEST_LIMIT_S=120 TOTAL_LIMIT_S=400 benchmarks/gpu_check.sh
@@ -27,9 +30,10 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 OUT=${OUT:-outputs/gpu_check}
 mkdir -p "$OUT"
-TOTAL_LIMIT_S=${TOTAL_LIMIT_S:-510}   # every part together
-PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-210}
-SMOKE_LIMIT_S=${SMOKE_LIMIT_S:-150}
+TOTAL_LIMIT_S=${TOTAL_LIMIT_S:-540}   # every part together
+PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-180}
+SMOKE_LIMIT_S=${SMOKE_LIMIT_S:-120}
+TRAIN_LIMIT_S=${TRAIN_LIMIT_S:-75}
 export VISION_PRIORS_GPU_CHECK=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
 unset TRITON_INTERPRET
@@ -52,7 +56,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 status=0
-echo "== 1/3 kernel tests on the GPU (limit ${PYTEST_LIMIT_S} s)"
+echo "== 1/4 kernel tests on the GPU (limit ${PYTEST_LIMIT_S} s)"
 shopt -s nullglob
 tests=()
 for f in tests/test_kernels_*.py tests/test_kernel_dispatch.py; do
@@ -75,18 +79,26 @@ else
   [ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
 fi
 
-echo "== 2/3 every recipe on the GPU (limit ${SMOKE_LIMIT_S} s)"
+echo "== 2/4 every recipe on the GPU (limit ${SMOKE_LIMIT_S} s)"
 timeout --signal=INT --kill-after=15 "$SMOKE_LIMIT_S" \
   "$PYTHON" -m pytest tests/test_gpu_smoke.py "${par[@]}" -q -ra -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/smoke.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && echo "smoke: killed after ${SMOKE_LIMIT_S} s"
 [ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
 
+echo "== 3/4 training steps against timm's ViT-S (limit ${TRAIN_LIMIT_S} s)"
+timeout --signal=INT --kill-after=15 "$TRAIN_LIMIT_S" \
+  "$PYTHON" benchmarks/train_step.py --device cuda --amp bf16 --batch-size 128 --repeats 10 --warmup 3 \
+  --malloc default --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.md"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 124 ] && echo "train_step: killed after ${TRAIN_LIMIT_S} s"
+[ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+
 # the benchmark gets what is left; it starts no new row after BENCH_BUDGET_S and prints what it has
 BENCH_LIMIT_S=${BENCH_LIMIT_S:-$((TOTAL_LIMIT_S - SECONDS - 15))}
 [ "$BENCH_LIMIT_S" -lt 90 ] && BENCH_LIMIT_S=90
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-$((BENCH_LIMIT_S - 45))}
-echo "== 3/3 kernel benchmark (limit ${BENCH_LIMIT_S} s, new rows until ${BENCH_BUDGET_S} s)"
+echo "== 4/4 kernel benchmark (limit ${BENCH_LIMIT_S} s, new rows until ${BENCH_BUDGET_S} s)"
 timeout --signal=INT --kill-after=15 "$BENCH_LIMIT_S" \
   "$PYTHON" benchmarks/bench_kernels.py --budget-s "$BENCH_BUDGET_S" --json "$OUT/bench_kernels.json" \
   2> "$OUT/bench_kernels.err" | tee "$OUT/bench_kernels.md"

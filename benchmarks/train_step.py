@@ -7,9 +7,13 @@ back to back, in an order rotated by one model each round; images/s is the media
 to timm's ``vit_small_patch16_224`` the median [IQR] of the per-round ratios (baseline time / model time),
 so that load drifting on a shared machine hits both sides of every ratio alike. The FLOP ceiling counts the
 matmuls, convolutions and attention of forward + backward (torch's FLOP counter). Goals: GOAT >= 0.95x,
-PoPE >= 0.85x, LAVO >= 0.6x. The header names the CPU and its vector extensions.
+PoPE >= 0.85x, LAVO >= 0.6x (on the CPU). The header names the CPU and its vector extensions, or the GPU.
+
+On a GPU (``--device cuda``, e.g. with ``--amp bf16 --batch-size 128``) every step ends with the loss read
+back to the host, so each timed step includes its GPU work; ``benchmarks/gpu_check.sh`` runs it there.
 
     ./run.sh bench train_step                                  # batch 8 at 224
+    python benchmarks/train_step.py --device cuda --amp bf16 --batch-size 128 --malloc default
     ./run.sh bench train_step --profile vit_small_patch16_lavo_224   # plus where one step's time goes
     ./run.sh bench train_step --quick                          # a fast smoke run
 """
@@ -37,14 +41,17 @@ GOALS = {'vit_small_patch16_goat_224': {224: 0.95}, 'vit_small_patch16_pope_224'
          'vit_small_patch16_lavo_224': {224: 0.60}}
 
 
-def make_train_step(model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor) -> Callable[[], float]:
-    """One AdamW training step of ``model`` on (x, labels); returns the loss."""
+def make_train_step(model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor,
+                    amp: str = 'no') -> Callable[[], float]:
+    """One AdamW training step of ``model`` on (x, labels), under bf16 autocast with ``amp='bf16'``; returns the
+    loss (read back to the host, which waits for a GPU step to finish)."""
     optimizer = create_optimizer_v2(model, 'adamw', lr=1e-4, weight_decay=0.05)
     model.train()
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), labels)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp == 'bf16'):
+            loss = F.cross_entropy(model(x), labels)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -84,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--quick', action='store_true', help='64 px, batch 2, 2 rounds, 1 warm-up')
     parser.add_argument('--malloc', choices=['pinned', 'default'], default='pinned',
                         help="glibc malloc with fixed thresholds for every model (see vit_throughput), or untouched")
+    parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu', help='where the models train')
+    parser.add_argument('--amp', choices=['no', 'bf16'], default='no', help='bf16 autocast in every step')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--json', type=Path, default=None, help='also write the measurements here')
     return parser
@@ -94,6 +103,8 @@ def validate(args: argparse.Namespace) -> None:
     for name in ('size', 'batch_size', 'repeats'):
         if getattr(args, name) < 1:
             raise ValueError(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        raise ValueError('--device cuda: no CUDA device is available here')
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -111,15 +122,18 @@ def main() -> None:
     torch.manual_seed(args.seed)
     names = [BASELINE] + [name for name in args.models if name != BASELINE]
 
-    x = torch.randn(args.batch_size, 3, args.size, args.size)
-    labels = torch.randint(0, 1000, (args.batch_size,))
-    models = {name: timm.create_model(name, img_size=args.size, num_classes=1000) for name in names}
+    x = torch.randn(args.batch_size, 3, args.size, args.size).to(args.device)
+    labels = torch.randint(0, 1000, (args.batch_size,)).to(args.device)
+    models = {name: timm.create_model(name, img_size=args.size, num_classes=1000).to(args.device) for name in names}
     flops = {name: count_train_flops(model, x, labels) for name, model in models.items()}
-    steps: Dict[str, Callable[[], float]] = {name: make_train_step(model, x, labels) for name, model in models.items()}
+    steps: Dict[str, Callable[[], float]] = {name: make_train_step(model, x, labels, args.amp)
+                                             for name, model in models.items()}
     times, faults = time_rounds(steps, args.repeats, args.warmup)
     profiles = [(name, profile_table(partial(steps[name]))) for name in args.profile]
 
-    print(f'\nTraining step (forward + backward + AdamW), {cpu_description()}, {torch.get_num_threads()} threads, '
+    where = (f'GPU {torch.cuda.get_device_name()}, autocast {args.amp}' if args.device == 'cuda'
+             else f'{cpu_description()}, {torch.get_num_threads()} threads')
+    print(f'\nTraining step (forward + backward + AdamW), {where}, '
           f'{args.size} px, batch {args.batch_size}, {args.repeats} rounds, seed {args.seed}, torch '
           f'{torch.__version__}, timm {timm.__version__}, malloc: {allocator}\n')
     print(f'| model | images/s | vs {BASELINE} (median [IQR] of per-round ratios) | FLOP ceiling | '
@@ -135,13 +149,13 @@ def main() -> None:
                          gflops=flops[name] / 1e9, flop_ceiling=flops[BASELINE] / flops[name]))
         print(f'| {name} | {args.batch_size / seconds:.2f} | {ratio:.3f}x [{q1:.3f}, {q3:.3f}] | '
               f'{flops[BASELINE] / flops[name]:.3f}x | {statistics.median(faults[name]):.0f} | '
-              f'{goal_verdict(GOALS, name, args.size, ratio)} |')
+              f'{goal_verdict(GOALS, name, args.size, ratio) if args.device == "cpu" else "-"} |')
     for name, table in profiles:
         print(f'\nWhere the time goes: {name}, one training step (self CPU time)\n')
         print(table)
     if args.json:
         args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, allocator=allocator,
-                                             cpu=cpu_description(), glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
+                                             cpu=cpu_description(), device=where, glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
                                              rows=rows), indent=2))
 
 

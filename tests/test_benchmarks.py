@@ -130,3 +130,8 @@ def test_train_step_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         train_step.parse_args(['--models', 'vit_no_such_model'])
     assert train_step.parse_args(['--quick']).quick
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            train_step.parse_args(['--device', 'cuda'])
+        assert '--device cuda: no CUDA device is available here' in capsys.readouterr().err
+    assert train_step.parse_args(['--amp', 'bf16']).amp == 'bf16'
