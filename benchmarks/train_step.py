@@ -103,8 +103,6 @@ def validate(args: argparse.Namespace) -> None:
     for name in ('size', 'batch_size', 'repeats'):
         if getattr(args, name) < 1:
             raise ValueError(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
-    if args.device == 'cuda' and not torch.cuda.is_available():
-        raise ValueError('--device cuda: no CUDA device is available here')
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -114,6 +112,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.device == 'cuda' and not torch.cuda.is_available():  # the machine, not the arguments
+        raise SystemExit('train_step.py: --device cuda: no CUDA device is available here')
     allocator = pin_malloc_or_reexec() if args.malloc == 'pinned' else 'default'
     if args.quick:
         args.size, args.batch_size, args.repeats, args.warmup = 64, 2, 2, 1

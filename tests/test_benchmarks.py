@@ -130,8 +130,15 @@ def test_train_step_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         train_step.parse_args(['--models', 'vit_no_such_model'])
     assert train_step.parse_args(['--quick']).quick
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit):
-            train_step.parse_args(['--device', 'cuda'])
-        assert '--device cuda: no CUDA device is available here' in capsys.readouterr().err
-    assert train_step.parse_args(['--amp', 'bf16']).amp == 'bf16'
+    assert train_step.parse_args(['--amp', 'bf16', '--device', 'cuda']).amp == 'bf16'
+    with pytest.raises(SystemExit):
+        train_step.parse_args(['--device', 'tpu'])
+
+
+def test_train_step_without_cuda_stops_before_building_anything(monkeypatch):
+    train_step = _load_beside('train_step')
+    monkeypatch.setattr(train_step.torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(sys, 'argv', ['train_step.py', '--device', 'cuda', '--malloc', 'default'])
+    monkeypatch.setattr(train_step.timm, 'create_model', lambda *a, **k: pytest.fail('built a model'))
+    with pytest.raises(SystemExit, match='--device cuda: no CUDA device is available here'):
+        train_step.main()
