@@ -13,7 +13,8 @@
 #      SDPA / torch ops, one markdown table with goals and PASS / MISS.
 # Every part always runs, each under a hard time limit: the kernel tests get at most PYTEST_LIMIT_S (180 s),
 # the recipe runs SMOKE_LIMIT_S (120 s), the training steps TRAIN_LIMIT_S (75 s), the benchmark what is left of
-# TOTAL_LIMIT_S (510 s; at least 90 s), plus <= 15 s each to stop, so the whole run ends within 9.5 minutes (a device call of 10 minutes then leaves about 20 s for installing).
+# TOTAL_LIMIT_S (510 s; at least 90 s), plus <= 15 s each to stop, so the whole run ends within 9.5 minutes
+# (a device call of 10 minutes then leaves about 20 s for installing).
 # Outputs go to $OUT (default outputs/gpu_check): pytest.log, smoke.log, train_step.md, train_step.json,
 # bench_kernels.md, bench_kernels.json, bench_kernels.err (per-row log and tracebacks). A machine without a
 # package index needs benchmarks/gpu_wheels.sh's wheels (see there).
