@@ -21,6 +21,8 @@
 #
 #   benchmarks/gpu_check.sh                  # PYTHON=... to choose the interpreter
 #   PYTEST_LIMIT_S=120 TOTAL_LIMIT_S=400 benchmarks/gpu_check.sh
+#   WHEELS=.whl PYTHON=python3 benchmarks/gpu_check.sh   # no package index: install benchmarks/gpu_wheels.sh's
+#                                            # wheels into /tmp/site and this package (editable) first
 # Exit status: 0 if every part passed (a MISS against a speed goal is reported, not a failure),
 # else the first failing part's status.
 set -uo pipefail
@@ -35,6 +37,13 @@ TOTAL_LIMIT_S=${TOTAL_LIMIT_S:-510}   # every part together
 PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-180}
 SMOKE_LIMIT_S=${SMOKE_LIMIT_S:-120}
 TRAIN_LIMIT_S=${TRAIN_LIMIT_S:-75}
+if [ -n "${WHEELS:-}" ]; then  # a machine without a package index (see benchmarks/gpu_wheels.sh)
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || { echo "gpu_check: installing the wheels in $WHEELS failed" >&2; exit 3; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+    || { echo "gpu_check: installing the package failed" >&2; exit 3; }
+fi
 export VISION_PRIORS_GPU_CHECK=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
 unset TRITON_INTERPRET

@@ -2,6 +2,7 @@
 # Wheels that a GPU machine without a package index needs beside its own PyTorch / Triton / accelerate /
 # pandas / matplotlib to run benchmarks/gpu_check.sh (the package at this repository's versions, the recipes'
 # field libraries). Run here, where pip reaches PyPI; the GPU machine installs them with
+#   WHEELS=.whl PYTHON=python3 bash benchmarks/gpu_check.sh   (which runs, before its checks:)
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 #   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
 # The versions are the ones this repository's .venv holds (pip show); PY_VERSION is the GPU machine's Python.
