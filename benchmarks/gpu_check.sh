@@ -66,6 +66,23 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 status=0
+# run_part LIMIT NAME OUT_FILE ERR_FILE COMMAND...: COMMAND under a hard time limit, its output shown and kept in
+# OUT_FILE (stderr too when ERR_FILE is '-', else stderr goes to ERR_FILE); the first failing part sets status
+run_part() {
+  local limit=$1 name=$2 out=$3 err=$4 rc
+  shift 4
+  if [ "$err" = - ]; then
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+  else
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2> "$err" | tee "$out"
+    rc=${PIPESTATUS[0]}
+  fi
+  [ "$rc" -eq 124 ] && echo "$name: killed after $limit s"
+  [ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+  return 0
+}
+
 echo "== 1/4 kernel tests on the GPU (limit ${PYTEST_LIMIT_S} s)"
 shopt -s nullglob
 tests=()
@@ -82,40 +99,27 @@ par=()
 if [ ${#tests[@]} -eq 0 ]; then
   echo "no tests/test_kernels_*.py found"
 else
-  timeout --signal=INT --kill-after=15 "$PYTEST_LIMIT_S" \
-    "$PYTHON" -m pytest "${tests[@]}" "${par[@]}" -q -ra -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest.log"
-  rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 124 ] && echo "pytest: killed after ${PYTEST_LIMIT_S} s"
-  [ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+  run_part "$PYTEST_LIMIT_S" pytest "$OUT/pytest.log" - \
+    "$PYTHON" -m pytest "${tests[@]}" "${par[@]}" -q -ra -p no:cacheprovider --durations=15
 fi
 
 echo "== 2/4 every recipe on the GPU (limit ${SMOKE_LIMIT_S} s)"
-timeout --signal=INT --kill-after=15 "$SMOKE_LIMIT_S" \
-  "$PYTHON" -m pytest tests/test_gpu_smoke.py "${par[@]}" -q -ra -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/smoke.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "smoke: killed after ${SMOKE_LIMIT_S} s"
-[ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+run_part "$SMOKE_LIMIT_S" smoke "$OUT/smoke.log" - \
+  "$PYTHON" -m pytest tests/test_gpu_smoke.py "${par[@]}" -q -ra -p no:cacheprovider --durations=10
 
 echo "== 3/4 training steps against timm's ViT-S (limit ${TRAIN_LIMIT_S} s)"
-timeout --signal=INT --kill-after=15 "$TRAIN_LIMIT_S" \
+run_part "$TRAIN_LIMIT_S" train_step "$OUT/train_step.md" - \
   "$PYTHON" benchmarks/train_step.py --device cuda --amp bf16 --batch-size 128 --repeats 10 --warmup 3 \
-  --malloc default --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.md"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "train_step: killed after ${TRAIN_LIMIT_S} s"
-[ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
+  --malloc default --json "$OUT/train_step.json"
 
 # the benchmark gets what is left; it starts no new row after BENCH_BUDGET_S and prints what it has
 BENCH_LIMIT_S=${BENCH_LIMIT_S:-$((TOTAL_LIMIT_S - SECONDS - 15))}
 [ "$BENCH_LIMIT_S" -lt 90 ] && BENCH_LIMIT_S=90
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-$((BENCH_LIMIT_S - 45))}
 echo "== 4/4 kernel benchmark (limit ${BENCH_LIMIT_S} s, new rows until ${BENCH_BUDGET_S} s)"
-timeout --signal=INT --kill-after=15 "$BENCH_LIMIT_S" \
-  "$PYTHON" benchmarks/bench_kernels.py --budget-s "$BENCH_BUDGET_S" --json "$OUT/bench_kernels.json" \
-  2> "$OUT/bench_kernels.err" | tee "$OUT/bench_kernels.md"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "bench_kernels: killed after ${BENCH_LIMIT_S} s"
+run_part "$BENCH_LIMIT_S" bench_kernels "$OUT/bench_kernels.md" "$OUT/bench_kernels.err" \
+  "$PYTHON" benchmarks/bench_kernels.py --budget-s "$BENCH_BUDGET_S" --json "$OUT/bench_kernels.json"
 tail -n 40 "$OUT/bench_kernels.err"
-[ "$rc" -ne 0 ] && [ "$status" -eq 0 ] && status=$rc
 
 echo "== gpu_check done: exit $status, outputs in $OUT"
 exit "$status"

@@ -155,7 +155,8 @@ def main() -> None:
         print(table)
     if args.json:
         args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, allocator=allocator,
-                                             cpu=cpu_description(), device=where, glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
+                                             cpu=cpu_description(), device=where,
+                                             glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
                                              rows=rows), indent=2))
 
 
