@@ -131,6 +131,7 @@ from .runs import RunFolder, data_fingerprints, load_finished_run, run_settings,
 # evaluation-only flags: a resumed run may change them
 EVAL_ONLY_FLAGS = ('test_scenes', 'test_orders')
 ARCHS = ('single', 'fusion')  # one transformer over image + text, or image encoder + cross-attending decoder
+FUSION_CROSS_SLOTS = 8  # LAVO cross-attention slots per head (README: spatial VQA fusion, rotary image positions)
 
 
 def model_name(method: str, arch: str = 'single', cross_attn: str = 'softmax') -> str:
@@ -196,9 +197,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--drop-path', type=cli.probability, default=0.0, help='stochastic depth rate')
     g.add_argument('--image-pos', choices=IMAGE_POS, default=None,
                    help='fusion only: sincos adds fixed 2D sin / cos features of the canonical patch coordinates to '
-                        'the image tokens (their absolute position, readable by the cross-attention); default: '
-                        'sincos with a content cross-attention (softmax, lavo: without it their keys carry no '
-                        'position), none with a positional one (goat, pope)')
+                        'the patch embeddings; rotary turns the encoded image tokens by axial angles of their '
+                        'coordinates before the cross-attention (a mean over them, as LAVO\'s memory, then keeps '
+                        'where things are); default: rotary with a content cross-attention (softmax, lavo: without '
+                        'image positions their keys carry no position), none with a positional one (goat, pope)')
+    g.add_argument('--cross-slots', type=cli.positive_int, default=FUSION_CROSS_SLOTS,
+                   help='fusion with --cross-attn lavo: memory slots r per head of the LAVO cross-attention (capped '
+                        'at the head width; the README\'s ablation picked 8 of 4 / 8 / 32 at heads of 32)')
     cli.add_prior_lr_flag(g, default=VISION_PRIOR_LR_SCALE)
 
 
@@ -287,7 +292,8 @@ def model_config(args: argparse.Namespace, name: str, vocab_size: int) -> Dict[s
                num_heads=args.num_heads, mlp_ratio=args.mlp_ratio, goat_modes=args.goat_modes,
                drop_path_rate=args.drop_path, goat_kwargs=dict(prior_init=args.goat_prior_init))
     if arch == 'fusion':
-        return dict(cfg, arch='fusion', cross_attn=cross_attn, image_pos=args.image_pos)
+        slots = {'cross_slots': args.cross_slots} if cross_attn == 'lavo' else {}
+        return dict(cfg, arch='fusion', cross_attn=cross_attn, image_pos=args.image_pos, **slots)
     return dict(cfg, image_attention=args.image_attention)
 
 
@@ -299,7 +305,7 @@ def run_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
     """``args`` for the run of model label ``name``: ``--goat-prior-init``, ``--warmup-frac`` and ``--image-pos`` left
     at their default get the architecture's value. Single stream: the 'offsets' start (``VQA_GOAT_DEFAULTS``), 0.05,
     none. Fusion: zero (its 1D decoder self-attention takes no 2D start), a warm-up over half the updates, and
-    sin / cos image positions for a content cross-attention. Other flags are unchanged; run configs store the
+    rotary image positions for a content cross-attention. Other flags are unchanged; run configs store the
     resolved values."""
     _, arch, cross_attn = parse_model_name(name)
     resolved = argparse.Namespace(**vars(args))
@@ -308,7 +314,7 @@ def run_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
     if getattr(args, 'warmup_frac', 0.0) is None:
         resolved.warmup_frac = ARCH_WARMUP_FRAC[arch]
     if getattr(args, 'image_pos', 'none') is None:
-        resolved.image_pos = 'sincos' if arch == 'fusion' and cross_attn in CONTENT_CROSS_ATTENTIONS else 'none'
+        resolved.image_pos = 'rotary' if arch == 'fusion' and cross_attn in CONTENT_CROSS_ATTENTIONS else 'none'
     return resolved
 
 

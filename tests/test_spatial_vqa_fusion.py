@@ -2,16 +2,18 @@
 conventions, errors, and the recipe end to end (train / kill / resume bit for bit / eval / compare of both
 architectures). The blocks themselves are tested in tests/test_multimodal_blocks.py."""
 import json
+import math
 
 import pytest
 import torch
+from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
 from run_helpers import final_weights
 from vision_priors.layers import grid_coords
+from vision_priors.layers.lavo import LavoCrossAttention
 from vision_priors.models.multimodal import CONTENT_CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS
-import math
-
-from vision_priors.models.spatial_vqa_fusion import FUSION_METHODS, IMAGE_POS, SpatialVQAFusion, coordinate_features
+from vision_priors.models.spatial_vqa_fusion import (FUSION_METHODS, IMAGE_POS, SpatialVQAFusion, coordinate_features,
+                                                     rotary_coordinate_table)
 from vision_priors.recipes import spatial_vqa as recipe
 from vision_priors.recipes.data.vqa_scenes import scan_order
 
@@ -41,12 +43,12 @@ def _data(seed: int = 0):
 
 @pytest.mark.parametrize('method', FUSION_METHODS)
 def test_answers_ignore_the_scan_order_but_not_the_layout(method, one_thread):
-    """Canonical coordinates (and, for LAVO, the grid order rebuilt from them; the sincos features travel with
-    their tokens; the positional cross-attention's image coordinates are the scan-ordered input coordinates): the
-    same scene in any scan order gives the same answers; the same contents at other places (a different scene) do
-    not."""
+    """Canonical coordinates (and, for LAVO, the grid order rebuilt from them; the sincos features and the rotary
+    angles travel with their tokens; the positional cross-attention's image coordinates are the scan-ordered input
+    coordinates): the same scene in any scan order gives the same answers; the same contents at other places (a
+    different scene) do not."""
     content, coords, text = _data()
-    configs = list(zip(CONTENT_CROSS_ATTENTIONS, IMAGE_POS))  # softmax without, LAVO with sincos features
+    configs = [(cross_attn, image_pos) for cross_attn in CONTENT_CROSS_ATTENTIONS for image_pos in IMAGE_POS]
     if method in POSITIONAL_CROSS_ATTENTIONS:
         configs.append((method, 'none'))  # the method's own positional cross-attention
     for cross_attn, image_pos in configs:
@@ -100,6 +102,45 @@ def test_coordinate_features_match_the_formula():
         coordinate_features(coords, 10)
 
 
+def test_rotary_coordinate_table_turns_each_pair_by_its_axis_angle():
+    """Float64, odd coordinates: pair p of the rotated tokens is the 2x2 rotation of the input pair by w_k x
+    (p = k < dim / 4) or w_k y (p = dim / 4 + k), w_k the geometric ladder from max_freq to min_freq; norms kept."""
+    coords = torch.tensor([[0., 0.], [3., 1.], [-2.5, 7.25]], dtype=torch.float64)
+    dim, lo, hi = 12, 0.2, 3.0
+    tokens = torch.randn(3, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = apply_rot_embed_cat(tokens, rotary_coordinate_table(coords, dim, lo, hi))
+    steps = dim // 4
+    for i in range(3):
+        for p in range(dim // 2):
+            axis, k = divmod(p, steps)
+            angle = hi * (lo / hi) ** (k / (steps - 1)) * coords[i, axis].item()
+            a, b = tokens[i, 2 * p].item(), tokens[i, 2 * p + 1].item()
+            expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
+            assert abs(out[i, 2 * p].item() - expected[0]) < 1e-12 and abs(out[i, 2 * p + 1].item() - expected[1]) < 1e-12
+    torch.testing.assert_close(out.norm(dim=-1), tokens.norm(dim=-1), rtol=1e-12, atol=0)
+    torch.testing.assert_close(apply_rot_embed_cat(tokens, rotary_coordinate_table(coords * 0, dim, lo, hi)), tokens)
+    with pytest.raises(ValueError, match='divisible by 4'):
+        rotary_coordinate_table(coords, 10, lo, hi)
+    with pytest.raises(ValueError, match='need 0 < min_freq <= max_freq'):
+        rotary_coordinate_table(coords, dim, 0., hi)
+
+
+def test_lavo_memory_sees_the_layout_through_rotary_positions_only(one_thread):
+    """LAVO's CODE memory is a mean over the context (Eq. 3): two images holding the same tokens at swapped places
+    have the same memory when positions are added to the tokens ('sincos'), different memories when the tokens are
+    rotated by their coordinates ('rotary')."""
+    torch.manual_seed(0)
+    dim, coords = 16, grid_coords((4, 4), dtype=torch.float64)
+    tokens = torch.randn(1, 16, dim, dtype=torch.float64)
+    swapped = tokens[:, torch.randperm(16)]  # the same tokens at other coordinates
+    lavo = LavoCrossAttention(dim, num_heads=2, num_slots=8).double()
+    added = [lavo.compress(t + coordinate_features(coords, dim)) for t in (tokens, swapped)]
+    torch.testing.assert_close(added[0], added[1], rtol=1e-12, atol=1e-12)
+    table = rotary_coordinate_table(coords, dim, math.pi / 16)
+    rotated = [lavo.compress(apply_rot_embed_cat(t, table)) for t in (tokens, swapped)]
+    assert (rotated[0] - rotated[1]).abs().max() > 1e-3
+
+
 def test_model_errors(one_thread):
     with pytest.raises(ValueError, match=r"pos_method must be one of \('goat', 'pope', 'lavo'\)"):
         SpatialVQAFusion('rope', vocab_size=12, patch_dim=6, grid_size=(4, 4))
@@ -149,17 +190,23 @@ def test_recipe_rejects_fusion_settings_before_writing(tmp_path):
 
 def test_architecture_defaults_are_resolved_per_run():
     """--goat-prior-init, --warmup-frac and --image-pos left at their defaults: offsets / 0.05 / none for the
-    single-stream model; for fusion zero, a warm-up over half the updates, and sin / cos image positions with a
+    single-stream model; for fusion zero, a warm-up over half the updates, and rotary image positions with a
     content cross-attention (softmax, lavo), none with a positional one (goat, pope). Explicit flags win."""
     args = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'single', 'fusion', *TINY])
     resolved = {name: recipe.run_args(args, name) for name in
                 ('goat', 'goat-fusion-softmax', 'goat-fusion-lavo', 'goat-fusion-goat')}
     assert {n: (a.goat_prior_init, a.warmup_frac, a.image_pos) for n, a in resolved.items()} == {
-        'goat': ('offsets', 0.05, 'none'), 'goat-fusion-softmax': ('zero', 0.5, 'sincos'),
-        'goat-fusion-lavo': ('zero', 0.5, 'sincos'), 'goat-fusion-goat': ('zero', 0.5, 'none')}
+        'goat': ('offsets', 0.05, 'none'), 'goat-fusion-softmax': ('zero', 0.5, 'rotary'),
+        'goat-fusion-lavo': ('zero', 0.5, 'rotary'), 'goat-fusion-goat': ('zero', 0.5, 'none')}
     # the parsed flags themselves are left alone
     assert args.goat_prior_init is None and args.warmup_frac is None and args.image_pos is None
-    assert recipe.model_config(args, 'goat-fusion-lavo', 8)['image_pos'] == 'sincos'
+    assert recipe.model_config(args, 'goat-fusion-lavo', 8)['image_pos'] == 'rotary'
+    # LAVO's cross-attention slots: the recipe's default reaches the model; a softmax run does not store them
+    lavo_cfg = recipe.model_config(args, 'goat-fusion-lavo', 8)
+    assert lavo_cfg['cross_slots'] == recipe.FUSION_CROSS_SLOTS == 8
+    assert 'cross_slots' not in recipe.model_config(args, 'goat-fusion-softmax', 8)
+    model = recipe.build_model(lavo_cfg)
+    assert {blk.cross_attn.num_slots for blk in model.decoder_blocks} == {8}
     explicit = recipe.build_parser().parse_args(['compare', '--methods', 'goat', '--archs', 'fusion', '--image-pos',
                                                  'none', '--warmup-frac', '0.1', *TINY])
     assert (recipe.run_args(explicit, 'goat-fusion-lavo').warmup_frac,
@@ -167,7 +214,7 @@ def test_architecture_defaults_are_resolved_per_run():
 
 
 def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
-    common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', '--image-pos', 'sincos', *TINY,
+    common = ['train', '--arch', 'fusion', '--cross-attn', 'lavo', '--method', 'pope', '--image-pos', 'rotary', *TINY,
               '--updates', '4',
               '--checkpoint-every', '2', '--seed', '1']
     full, killed = tmp_path / 'full', tmp_path / 'killed'
@@ -181,7 +228,7 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     config = json.loads((full / 'config.json').read_text())
     assert config['method'] == 'pope-fusion-lavo'
     assert config['model']['arch'] == 'fusion' and config['model']['cross_attn'] == 'lavo'
-    assert config['model']['image_pos'] == 'sincos'
+    assert config['model']['image_pos'] == 'rotary'
     assert config['args']['warmup_frac'] == 0.5  # fusion's default warm-up, stored resolved
     # a run trained with another warm-up is a changed setting on --resume, refused before any work
     with pytest.raises(ValueError, match='warmup_frac'):
