@@ -190,6 +190,27 @@ def test_linear_baseline_is_one_map_shared_across_channels(one_thread):
     torch.testing.assert_close(ms(x), expected[..., -1:], **TOL)  # MS: the target (last channel)
 
 
+def test_rotary_memory_lets_lavo_cross_attention_see_the_encoder_order(one_thread):
+    """``memory_pos='rotary'``: LAVO's cross-attention reads the memory through its mean (Eq. 3), so shuffling the
+    encoder output's tokens changes nothing without it and changes the decoder's output with it; the rotation keeps
+    every token's norm, leaves token 0 as it is, and applies to full cross-attention alike."""
+    g = torch.Generator().manual_seed(2)
+    x, memory = torch.randn(2, 11, 16, generator=g, dtype=torch.float64), torch.randn(2, 7, 16, generator=g,
+                                                                                      dtype=torch.float64)
+    shuffled = memory[:, torch.randperm(7, generator=g)]
+    for memory_pos in ('none', 'rotary'):
+        model = tiny_informer('lavo', factor=10, memory_pos=memory_pos).double().eval()
+        outs = [model.decoder(x, model.cross_memory(m)) for m in (memory, shuffled)]
+        if memory_pos == 'none':
+            torch.testing.assert_close(outs[0], outs[1], **TOL)
+        else:
+            assert (outs[0] - outs[1]).abs().max() > 1e-4
+    rotated = tiny_informer('full', memory_pos='rotary').cross_memory(memory)
+    torch.testing.assert_close(rotated.norm(dim=-1), memory.norm(dim=-1), **TOL)
+    torch.testing.assert_close(rotated[:, 0], memory[:, 0], rtol=0, atol=0)
+    assert (rotated[:, 1:] - memory[:, 1:]).abs().max() > 1e-3
+
+
 def test_factory_errors():
     with pytest.raises(ValueError, match="unknown forecast model 'transformer'"):
         create_forecast_model('transformer')
@@ -201,6 +222,9 @@ def test_factory_errors():
     with pytest.raises(ValueError, match="attn must be one of"):
         create_forecast_model('informer_cpu', enc_in=1, dec_in=1, c_out=1, seq_len=8, label_len=4, pred_len=2,
                               attn='local')
+    with pytest.raises(ValueError, match="memory_pos must be one of"):
+        create_forecast_model('informer_cpu', enc_in=1, dec_in=1, c_out=1, seq_len=8, label_len=4, pred_len=2,
+                              memory_pos='sincos')
     linear = create_forecast_model('linear', enc_in=1, dec_in=1, c_out=1, seq_len=8, label_len=4, pred_len=2,
                                    cross_attn='lavo', attn='prob')  # Informer-only arguments are dropped
     assert isinstance(linear, LinearForecaster)

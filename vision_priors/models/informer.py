@@ -51,14 +51,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers.lavo import LavoCrossAttention
+from ..layers.rotary import rotate_by_coords
 
 __all__ = ['PositionalEmbedding', 'TokenEmbedding', 'DataEmbedding', 'ProbAttention', 'FullAttention',
            'AttentionLayer', 'EncoderLayer', 'DistilConv', 'Encoder', 'DecoderLayer', 'Decoder', 'Informer',
-           'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'create_forecast_model',
+           'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'MEMORY_POS', 'create_forecast_model',
            'forecast_model_names', 'sample_count', 'decoder_input']
 
 ATTENTIONS = ('prob', 'full')
 CROSS_ATTENTIONS = ('full', 'lavo')
+MEMORY_POS = ('none', 'rotary')  # how the decoder's cross-attention sees the encoder positions (Informer: none)
 
 
 # ------------------------------------------------------------------------------------------ embedding
@@ -340,14 +342,23 @@ class Informer(nn.Module):
         activation: 'gelu' (Informer) or 'relu'.
         distil: Self-attention distilling between encoder blocks.
         mix: Informer2020's head-mixing reshape in the decoder self-attention (breaks causality; off).
+        memory_pos: 'none' (Informer) or 'rotary': the encoder output is turned by its token index before the
+            decoder's cross-attention reads it (:mod:`vision_priors.layers.rotary`, ladder pi .. pi / (4 n) rad per
+            token). LAVO's cross-attention reads the memory through its mean (Eq. 3), where Informer's added
+            positions cancel; rotated ones survive it. Not in either paper: an ablation (README, Forecasting).
     """
 
     def __init__(self, enc_in: int, dec_in: int, c_out: int, seq_len: int, label_len: int, pred_len: int,
                  mark_dim: int = 4, factor: int = 5, d_model: int = 512, n_heads: int = 8, e_layers: int = 2,
                  d_layers: int = 1, d_ff: int = 2048, dropout: float = 0.05, attn: str = 'prob',
                  cross_attn: str = 'full', lavo_slots: int = 64, activation: str = 'gelu', distil: bool = True,
-                 mix: bool = False) -> None:
+                 mix: bool = False, memory_pos: str = 'none') -> None:
         super().__init__()
+        if memory_pos not in MEMORY_POS:
+            raise ValueError(f'memory_pos must be one of {MEMORY_POS}, got {memory_pos!r}')
+        if memory_pos == 'rotary' and d_model % 2:
+            raise ValueError(f"memory_pos='rotary' needs an even d_model, got {d_model}")
+        self.memory_pos = memory_pos
         if cross_attn not in CROSS_ATTENTIONS:
             raise ValueError(f'cross_attn must be one of {CROSS_ATTENTIONS}, got {cross_attn!r}')
         if not 0 <= label_len <= seq_len or pred_len < 1:
@@ -370,8 +381,16 @@ class Informer(nn.Module):
             [DecoderLayer(AttentionLayer(_attention(attn, True, factor, dropout), d_model, n_heads, mix=mix), cross(),
                           d_model, d_ff, dropout, activation) for _ in range(d_layers)], d_model, c_out)
 
+    def cross_memory(self, memory: Tensor) -> Tensor:
+        """The encoder output (B, n, d_model) as the decoder's cross-attention reads it (``memory_pos``)."""
+        if self.memory_pos == 'rotary':
+            n = memory.shape[1]
+            index = torch.arange(n, device=memory.device, dtype=memory.dtype)[:, None]
+            memory = rotate_by_coords(memory, index, min_freq=math.pi / (4 * n))
+        return memory
+
     def forward(self, x_enc: Tensor, x_mark_enc: Tensor, x_dec: Tensor, x_mark_dec: Tensor) -> Tensor:
-        memory = self.encoder(self.enc_embedding(x_enc, x_mark_enc))
+        memory = self.cross_memory(self.encoder(self.enc_embedding(x_enc, x_mark_enc)))
         out = self.decoder(self.dec_embedding(x_dec, x_mark_dec), memory)
         return out[:, -self.pred_len:]
 

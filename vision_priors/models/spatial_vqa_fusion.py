@@ -31,13 +31,13 @@ content cross-attentions (``'softmax'``, ``'lavo'``) have no positional term, an
 relative prior: mostly boundary effects). ``'sincos'`` adds fixed 2D sin / cos features of the canonical (x, y)
 (:func:`coordinate_features`, as MAE's 2D sin-cos table but per token) to the patch embeddings, so every image
 token carries its absolute position into its features, which both cross-attentions can read. ``'rotary'``
-rotates the *encoded* image tokens by their canonical (x, y) before the cross-attention (axial 2D rotary angles,
-:func:`rotary_coordinate_table`; RoFormer Sec. 3.3 rotates the keys of linear attention before they are summed, the
-same move): channel pair k of token t turns by w_k x_t (first half of the pairs) or w_k y_t (second half). LAVO's
-CODE reads the context only through its mean (Eq. 3), and the mean of added positions is a constant, so with
-``'sincos'`` it keeps no trace of where anything is; the mean of rotated tokens is a set of spatial Fourier
-coefficients ``sum_t exp(i w_k x_t) c_t`` of the feature maps, which does. The softmax cross-attention reads the
-same rotated tokens.
+rotates the *encoded* image tokens by their canonical (x, y) before the cross-attention (axial 2D rotary
+angles, :mod:`vision_priors.layers.rotary`; RoFormer Sec. 3.3 rotates the keys of linear attention before they
+are summed, the same move): channel pair k of token t turns by w_k x_t (first half of the pairs) or w_k y_t
+(second half). LAVO's CODE reads the context only through its mean (Eq. 3), and the mean of added positions is a
+constant, so with ``'sincos'`` it keeps no trace of where anything is; the mean of rotated tokens is a set of
+spatial Fourier coefficients ``sum_t exp(i w_k x_t) c_t`` of the feature maps, which does. The softmax
+cross-attention reads the same rotated tokens.
 
 The answer is read at the last token of each question, as in the single-stream model. Every position the
 model sees is a canonical coordinate or a within-question index, never the scan-order index, so the
@@ -51,15 +51,14 @@ from torch import Tensor, nn
 
 import timm
 from timm.layers import trunc_normal_
-from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from timm.models._manipulate import checkpoint
 
+from ..layers.rotary import rotate_by_coords
 from .multimodal import CROSS_ATTENTIONS, POSITIONAL_CROSS_ATTENTIONS, create_cross_block
 from .spatial_vqa import vqa_text_coords
 from . import vision_transformer_priors  # noqa: F401  (registers the timm models built by name below)
 
-__all__ = ['SpatialVQAFusion', 'FUSION_METHODS', 'IMAGE_POS', 'coordinate_features', 'rotary_coordinate_table',
-           'question_self_attention_mask']
+__all__ = ['SpatialVQAFusion', 'FUSION_METHODS', 'IMAGE_POS', 'coordinate_features', 'question_self_attention_mask']
 
 FUSION_METHODS = ('goat', 'pope', 'lavo')
 IMAGE_POS = ('none', 'sincos', 'rotary')
@@ -73,25 +72,6 @@ def coordinate_features(coords: Tensor, dim: int, temperature: float = 10000.) -
     bands = temperature ** (-4. / dim * torch.arange(dim // 4, dtype=coords.dtype, device=coords.device))
     angles = coords[..., :, None] * bands  # (..., 2, dim / 4)
     return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)
-
-
-def rotary_coordinate_table(coords: Tensor, dim: int, min_freq: float, max_freq: float = math.pi) -> Tensor:
-    """Axial 2D rotary table (..., 2 dim) = [sin, cos] for ``apply_rot_embed_cat`` at (x, y) ``coords`` (..., 2).
-
-    Channel pair p = (2p, 2p + 1) turns by w_k x for p = k < dim / 4 and by w_k y for p = dim / 4 + k, with the
-    geometric ladder w_k = max_freq (min_freq / max_freq)^(k / (dim / 4 - 1)) rad per unit of the coordinates
-    (max_freq alone when dim = 4). Angles in float64, the table in ``coords``' dtype.
-    """
-    if dim % 4:
-        raise ValueError(f'rotary coordinates need a width divisible by 4, got {dim}')
-    if not 0 < min_freq <= max_freq:
-        raise ValueError(f'need 0 < min_freq <= max_freq, got {min_freq}, {max_freq}')
-    steps = dim // 4
-    ratio = torch.arange(steps, dtype=torch.float64, device=coords.device) / max(steps - 1, 1)
-    freqs = max_freq * (min_freq / max_freq) ** ratio
-    angles = (coords.to(torch.float64)[..., :, None] * freqs).flatten(-2)  # (..., dim / 2): x pairs, then y pairs
-    angles = angles.repeat_interleave(2, dim=-1)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(coords.dtype)
 
 
 def question_self_attention_mask(num_questions: int, question_len: int, device: Optional[torch.device] = None) -> Tensor:
@@ -252,8 +232,7 @@ class SpatialVQAFusion(nn.Module):
                 x = blk(x, block_coords, grid, None, False)
         x = self.image_norm(x)
         if self.image_pos == 'rotary':
-            min_freq = math.pi / (4 * max(self.grid_size))
-            x = apply_rot_embed_cat(x, rotary_coordinate_table(coords, x.shape[-1], min_freq).to(x.dtype))
+            x = rotate_by_coords(x, coords, min_freq=math.pi / (4 * max(self.grid_size)))
         return x
 
     def forward(self, patches: Tensor, coords: Tensor, text: Tensor) -> Tensor:
