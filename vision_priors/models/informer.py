@@ -55,8 +55,8 @@ from ..layers.rotary import rotate_by_coords
 
 __all__ = ['PositionalEmbedding', 'TokenEmbedding', 'DataEmbedding', 'ProbAttention', 'FullAttention',
            'AttentionLayer', 'EncoderLayer', 'DistilConv', 'Encoder', 'DecoderLayer', 'Decoder', 'Informer',
-           'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'MEMORY_POS', 'create_forecast_model',
-           'forecast_model_names', 'sample_count', 'decoder_input']
+           'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'MEMORY_POS',
+           'create_forecast_model', 'forecast_model_names', 'sample_count', 'decoder_input']
 
 ATTENTIONS = ('prob', 'full')
 CROSS_ATTENTIONS = ('full', 'lavo')

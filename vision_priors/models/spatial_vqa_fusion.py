@@ -109,7 +109,7 @@ class SpatialVQAFusion(nn.Module):
             cross-attention between text coordinates (c + t, c + t) and the patches' canonical coordinates.
         cross_slots: LAVO cross-attention slots r per head (capped at the head dim).
         image_pos: 'none', 'sincos' or 'rotary' (module docstring). The rotary ladder runs from pi rad per
-            patch down to pi / (4 max(rows, cols)), a quarter turn of phase across the longest side of the grid.
+            patch down to pi / (4 max(rows, cols)), an eighth of a turn across the longest side of the grid.
     """
 
     def __init__(
