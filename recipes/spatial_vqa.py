@@ -67,9 +67,10 @@ encoder (goat, pope or lavo, by name) and a question decoder whose blocks cross-
 the single-stream model's text coordinates (c + t, c + t) cross-attend to the patches' canonical coordinates through
 the GOAT prior / PoPE phases; ``vision_priors.models.spatial_vqa_fusion``); runs are labelled
 ``<method>-fusion-<cross-attn>``. ``compare`` pairs a positional cross-attention only with its own method.
-Fusion runs default to a warm-up over half the updates and, with a content cross-attention, sin / cos image
+Fusion runs default to a warm-up over half the updates and, with a content cross-attention, rotary image
 positions (``run_args``; with the single-stream model's 5 % warm-up every fusion model stalled at the
-position-blind level: README).
+position-blind level, and LAVO's mean-only memory cancels added sin / cos positions: README), with 8 LAVO
+slots per head (``--cross-slots``).
 ``--prior-lr-scale`` (default 10) multiplies the learning rate of the positional-prior parameters (GOAT
 alpha, beta, key default; PoPE delta; rope / nope have none; ``vision_priors.optim.prior_param_groups``).
 GOAT's prior starts with ``--goat-prior-init offsets`` in the single-stream model (the default; fusion: zero):
