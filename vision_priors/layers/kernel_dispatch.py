@@ -106,10 +106,9 @@ def use_flash_kernel(backend: str, x: Tensor, attn_mask: Optional[Tensor], dropo
         return False
     if backend == 'torch' or dropout_active or head_dim > 128:
         return False
-    if requested_backend(backend) == 'auto' and not AUTO_PICKS_KERNEL[family]:
-        return False
-    if x.dtype not in KERNEL_DTYPES and requested_backend(backend) == 'auto':
-        return False  # e.g. float64 on CUDA: 'auto' keeps the torch path ('triton' lets the kernel refuse it)
+    if requested_backend(backend) == 'auto' and (not AUTO_PICKS_KERNEL[family] or x.dtype not in KERNEL_DTYPES):
+        return False  # 'auto' keeps the torch path for GOAT / PoPE, and e.g. for float64 on CUDA ('triton' lets
+        # the kernel refuse it)
     if attn_mask is not None and not (
             attn_mask.dtype == torch.bool and attn_mask.dim() == 4 and attn_mask.shape[1] == 1
             and attn_mask.shape[2] == 1 and attn_mask.shape[0] == x.shape[0] and attn_mask.shape[3] == x.shape[1]):

@@ -385,7 +385,7 @@ class Informer(nn.Module):
         """The encoder output (B, n, d_model) as the decoder's cross-attention reads it (``memory_pos``)."""
         if self.memory_pos == 'rotary':
             n = memory.shape[1]
-            index = torch.arange(n, device=memory.device, dtype=memory.dtype)[:, None]
+            index = torch.arange(n, device=memory.device, dtype=torch.float64)[:, None]  # exact under autocast
             memory = rotate_by_coords(memory, index, min_freq=math.pi / (4 * n))
         return memory
 
