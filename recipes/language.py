@@ -51,7 +51,7 @@ from .plotting import figure, save_figure
 from .report import format_cell, group_rows, markdown_table, mean_std, write_results
 from .runs import RunFolder, data_fingerprints, holds_run, load_finished_run, run_settings, sweep_folders, train_sweep
 
-CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16)
+CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16, weight_init='fan_in')
 # flags that never change what a run trains (evaluation settings, later stages' budgets)
 EVAL_ONLY_FLAGS = ('multiples', 'eval_windows', 'depths', 'passkey_samples', 'index_test', 'passkey_updates',
                    'passkey_lr', 'index_updates', 'index_lr', 'index_train_items', 'eval_batch_size')

@@ -41,6 +41,7 @@ __all__ = ['ATTENTIONS', 'LanguageModel', 'create_language_model', 'rope_table',
 ATTENTIONS = ('goat', 'pope', 'lavo', 'rope', 'alibi', 'nope')
 GOAT_RELATIVE = ('full', 'symmetric', 'none')
 POPE_MAGNITUDES = ('softplus', 'relu', 'identity')
+WEIGHT_INITS = ('fan_in', 'gpt2')
 
 KeyValues = Tuple[Tensor, Tensor]  # cached (keys, values) of one softmax layer: (B, H, T, d_k), (B, H, T, d_v)
 
@@ -234,6 +235,10 @@ class LanguageModel(nn.Module):
         pope_magnitude, pope_learn_delta: PoPE's magnitude function and learned phase bias (Table 5).
         lavo_window, lavo_slots, lavo_epe, lavo_context_dissection: LAVO's w, r, EPE and CD switches.
         rope_theta: RoPE frequency base.
+        weight_init: ``'fan_in'`` (default): every Linear weight ~ N(0, 1 / fan_in) and the token embedding
+            ~ N(0, 1) (N(0, 1 / dim) when tied, so the head keeps its fan-in scale); ``'gpt2'``: every weight
+            N(0, 0.02^2), truncated. At small widths GPT-2's 0.02 leaves attention logits near zero for so long
+            that a 2-block model never forms an induction head (README, Language: "Initialisation").
     """
 
     def __init__(
@@ -258,10 +263,13 @@ class LanguageModel(nn.Module):
             lavo_epe: bool = True,
             lavo_context_dissection: bool = True,
             rope_theta: float = 10000.0,
+            weight_init: str = 'fan_in',
     ) -> None:
         super().__init__()
         if attn not in ATTENTIONS:
             raise ValueError(f'attn must be one of {ATTENTIONS}, got {attn!r}')
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f'weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}')
         if dim % num_heads:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
         if max_length is not None and max_length < 1:
@@ -281,14 +289,20 @@ class LanguageModel(nn.Module):
         self.blocks = nn.ModuleList([Block(dim, make_attention(), mlp_ratio) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+        self.weight_init = weight_init
         self.init_weights()
 
     def init_weights(self) -> None:
-        """Truncated-normal (std 0.02) Linear / Embedding weights, zero biases; positional parameters keep
-        their layers' own init (GOAT prior, PoPE delta, LAVO bias)."""
+        """Linear / Embedding weights as ``weight_init`` says, zero biases; positional parameters keep their
+        layers' own init (GOAT prior, PoPE delta, LAVO bias)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                trunc_normal_(module.weight, std=0.02)
+                if self.weight_init == 'gpt2':
+                    trunc_normal_(module.weight, std=0.02)
+                elif isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+                else:
+                    nn.init.normal_(module.weight, std=1.0 if self.head is not None else module.embedding_dim ** -0.5)
                 if getattr(module, 'bias', None) is not None:
                     nn.init.zeros_(module.bias)
         for block in self.blocks:
