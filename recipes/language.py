@@ -31,6 +31,7 @@ GPU scale, e.g. a larger model on the stdlib corpus:
 """
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -43,7 +44,7 @@ from timm.optim import create_optimizer_v2
 from vision_priors.models.language_model import ATTENTIONS, create_language_model
 
 from . import cli
-from .data.text import (INDEX_LENGTH, IndexTask, PasskeyTask, TrainWindows, builtin_corpus, eval_windows,
+from .data.text import (INDEX_LAYOUTS, IndexSpec, IndexTask, PasskeyTask, TrainWindows, builtin_corpus, eval_windows,
                         read_corpus, split_corpus)
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
@@ -53,8 +54,10 @@ from .runs import RunFolder, data_fingerprints, holds_run, load_finished_run, ru
 
 CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lavo_slots=16, weight_init='fan_in')
 # flags that never change what a run trains (evaluation settings, later stages' budgets)
+# (an indexing run keeps its task in its data config, which a resume checks)
 EVAL_ONLY_FLAGS = ('multiples', 'eval_windows', 'depths', 'passkey_samples', 'index_test', 'passkey_updates',
-                   'passkey_lr', 'index_updates', 'index_lr', 'index_train_items', 'eval_batch_size')
+                   'passkey_lr', 'index_updates', 'index_lr', 'index_train_items', 'index_letters', 'index_max_offset',
+                   'index_layout', 'eval_batch_size')
 PASSKEY_EVAL_SEED = 10_000  # held-out prompts: a different seed stream from the fine-tuning items
 INDEX_TEST_SEED = 20_000
 
@@ -100,6 +103,15 @@ def add_eval_args(p: argparse.ArgumentParser, what: Sequence[str]) -> None:
         g.add_argument('--index-updates', type=cli.positive_int, default=200, help='indirect-indexing training updates')
         g.add_argument('--index-lr', type=cli.positive_float, default=2e-3, help='indirect-indexing peak lr')
         g.add_argument('--index-test', type=cli.positive_int, default=512, help='held-out indirect-indexing items')
+        spec = IndexSpec()
+        g.add_argument('--index-letters', type=cli.positive_int, nargs=2, metavar=('MIN', 'MAX'),
+                       default=[spec.min_letters, spec.max_letters], help='distinct letters per indexing string')
+        g.add_argument('--index-max-offset', type=cli.positive_int, default=spec.max_offset,
+                       help='indexing offsets are -N..+N (never 0)')
+        g.add_argument('--index-layout', choices=INDEX_LAYOUTS, default=spec.layout,
+                       help="indexing prompt: 'anchor-offset' <letters>|<anchor><+-NN>=<target> (the paper's task) or "
+                            "'offset-anchor' <letters>|<+-NN><anchor><target> (the anchor is the byte the target is "
+                            "predicted from)")
 
 
 def add_training_args(p: argparse.ArgumentParser, out: str) -> None:
@@ -158,6 +170,8 @@ def validate(args: argparse.Namespace) -> None:
         cli.check_unique('--multiples', args.multiples)
     if getattr(args, 'depths', None):
         cli.check_unique('--depths', args.depths)
+    if hasattr(args, 'index_letters'):
+        index_spec(args)  # bad letter counts / offsets fail here, naming the flag
     length = getattr(args, 'train_length', None)
     if length is not None and args.command in ('passkey', 'compare') and length < 81:
         raise ValueError(f'--train-length {length}: a passkey prompt needs at least 81 bytes')
@@ -169,6 +183,14 @@ def validate(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------ data
+
+def index_spec(args: argparse.Namespace) -> IndexSpec:
+    """The indirect-indexing task of ``--index-letters / --index-max-offset / --index-layout``."""
+    try:
+        return IndexSpec(*args.index_letters, args.index_max_offset, args.index_layout)
+    except ValueError as err:
+        raise ValueError(f'--index-letters / --index-max-offset: {err}') from None
+
 
 def data_config(args: argparse.Namespace) -> Dict[str, Any]:
     """Everything that fixes the text of a run (saved in config.json, reused by ``ppl``)."""
@@ -288,7 +310,8 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
         train_set = PasskeyTask(dcfg['train_length'], args.passkey_updates * args.batch_size, seed)
         updates, lr = args.passkey_updates, args.passkey_lr
     else:
-        dcfg = data_config(args) if task == 'lm' else dict(train_length=INDEX_LENGTH)
+        spec = index_spec(args) if task == 'index' else None
+        dcfg = data_config(args) if task == 'lm' else dict(train_length=spec.length, index=asdict(spec))
         mcfg = model_config(args, attn)
         model = build_model(mcfg)
         if task == 'lm':
@@ -296,7 +319,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
             train_set = TrainWindows(split.train, dcfg['train_length'])
             updates, lr = args.updates, args.lr
         else:
-            train_set = IndexTask(args.index_updates * args.batch_size, seed)
+            train_set = IndexTask(args.index_updates * args.batch_size, seed, spec)
             updates, lr = args.index_updates, args.index_lr
     # the text files read (none for the built-in corpus, the synthetic passkey prompts and indexing items)
     text = dcfg.get('text') if task == 'lm' else None
@@ -319,7 +342,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
                 return perplexity(accelerator.unwrap_model(model), windows, args.eval_batch_size, device)
         else:
             held_out = (PasskeyTask(dcfg['train_length'], 64, PASSKEY_EVAL_SEED) if task == 'passkey'
-                        else IndexTask(256, INDEX_TEST_SEED + 1))
+                        else IndexTask(256, INDEX_TEST_SEED + 1, spec))
 
             def evaluate() -> Dict[str, float]:
                 metrics = answer_accuracy(accelerator.unwrap_model(model), held_out, args.eval_batch_size, device)
@@ -406,9 +429,10 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
     runs = sweep_folders(out, args.methods, args.seeds, args.resume, flag='--methods')
     train_sweep(run_train, args, runs, task='index')
     for attn, seed, run_dir in runs:
-        _, model = load_model(run_dir)
+        config, model = load_model(run_dir)
         model.to(device)
-        metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed), args.eval_batch_size,
+        spec = IndexSpec(**config['data'].get('index', {}))  # the task this run trained on (older runs: the default)
+        metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed, spec), args.eval_batch_size,
                                   device)
         rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match']))
         print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f}')

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vision_priors.recipes.data.text import (INDEX_LENGTH, INDEX_MAX_OFFSET, KEY_DIGITS, IndexTask, PasskeyTask,
+from vision_priors.recipes.data.text import (INDEX_LENGTH, INDEX_MAX_OFFSET, KEY_DIGITS, IndexSpec, IndexTask, PasskeyTask,
                                              TrainWindows, builtin_corpus, eval_windows, index_sample,
                                              passkey_sample, read_corpus, split_corpus)
 
@@ -128,3 +128,36 @@ def test_index_sample_target_is_letter_at_anchor_plus_offset():
         offsets.add(offset)
     assert min(offsets) == -INDEX_MAX_OFFSET and max(offsets) == INDEX_MAX_OFFSET
     assert torch.equal(IndexTask(3, 1)[2]['tokens'], IndexTask(3, 1)[2]['tokens'])
+
+
+@pytest.mark.parametrize('layout', ['anchor-offset', 'offset-anchor'])
+def test_index_spec_letters_offsets_and_layouts(layout):
+    spec = IndexSpec(5, 7, 3, layout)
+    assert spec.length == 7 + (7 if layout == 'anchor-offset' else 6)
+    pattern = (rb' *([a-zA-Z]{5,7})\|([a-zA-Z])([+-]\d\d)=([a-zA-Z])' if layout == 'anchor-offset'
+               else rb' *([a-zA-Z]{5,7})\|([+-]\d\d)([a-zA-Z])([a-zA-Z])')
+    rng, counts, offsets = np.random.default_rng(1), set(), set()
+    for _ in range(300):
+        text, target = index_sample(rng, spec)
+        assert len(text) == spec.length and target == spec.length - 1
+        m = re.fullmatch(pattern, text)
+        letters, answer = m.group(1), m.group(4)
+        anchor, offset = (m.group(2), int(m.group(3))) if layout == 'anchor-offset' else (m.group(3), int(m.group(2)))
+        assert len(set(letters)) == len(letters) and 0 < abs(offset) <= 3
+        assert letters[letters.index(anchor) + offset:][:1] == answer == text[target:target + 1]
+        counts.add(len(letters))
+        offsets.add(offset)
+    assert counts == {5, 6, 7} and offsets == {-3, -2, -1, 1, 2, 3}
+    item = IndexTask(4, 2, spec)[3]
+    assert item['tokens'].shape == (spec.length,) and item['answer_start'] == spec.length - 1
+    # the default spec is the paper's task, byte for byte what the generator wrote before IndexSpec existed
+    assert index_sample(np.random.default_rng(3)) == (b'   LwcJERzSxMPeldGrFTsYCmZbnNvuypaOVkQWU|Z+04=v', 46)
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(min_letters=1), 'min_letters <= max_letters'), (dict(min_letters=30, max_letters=20), 'got 30..20'),
+    (dict(max_letters=53), '<= 52 distinct'), (dict(max_offset=0), 'max_offset must be in 1..99'),
+    (dict(max_offset=100), 'got 100'), (dict(layout='anchor-last'), 'layout must be one of')])
+def test_index_spec_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        IndexSpec(**kwargs)

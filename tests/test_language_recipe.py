@@ -105,6 +105,10 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
         recipe.main(['train', *tiny(), '--methods', 'lavo', '--model-overrides', '{"dim": 0}', '--out', r])
     with pytest.raises(ValueError, match=r'--model-overrides \{"bogus": 1\} cannot build the rope model: .*bogus'):
         recipe.main(['index', *tiny(), '--methods', 'rope', '--model-overrides', '{"bogus": 1}', '--out', r])
+    with pytest.raises(ValueError, match=r'--index-letters / --index-max-offset: .*got 30\.\.20'):
+        recipe.main(['index', *tiny(), '--index-letters', '30', '20', '--out', r])
+    with pytest.raises(ValueError, match=r'--index-letters / --index-max-offset: .*max_offset must be in 1\.\.99'):
+        recipe.main(['index', *tiny(), '--index-max-offset', '100', '--out', r])
     with pytest.raises(ValueError, match='--methods lists rope more than once'):
         recipe.main(['train', *tiny(), '--methods', 'rope', 'rope', '--out', r])
     with pytest.raises(ValueError, match='cannot hold an evaluation window of 769 bytes'):
@@ -212,3 +216,31 @@ def test_hidden_files_in_a_text_folder_do_not_refuse_resume_or_ppl(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {folder}: files 1 -> 2')):
         recipe.main([*ppl, '--out', str(tmp_path / 'ppl2')])
     assert not (tmp_path / 'ppl2').exists()
+
+
+def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path):
+    """``--index-letters / --index-max-offset / --index-layout`` reach the training items, the run's config and the
+    held-out test; a resume with another task is refused (the data config changed)."""
+    out = tmp_path / 'idx'
+    flags = ['index', '--methods', 'rope', *tiny(), '--index-updates', '3', '--index-test', '6', '--index-letters', '5',
+             '7', '--index-max-offset', '2', '--index-layout', 'offset-anchor', '--checkpoint-every', '1']
+    recipe.main([*flags, '--stop-after', '2', '--out', str(out)])
+    config = json.loads((out / 'rope' / 'seed0' / 'config.json').read_text())
+    assert config['data'] == dict(train_length=13, index=dict(min_letters=5, max_letters=7, max_offset=2,
+                                                              layout='offset-anchor'))
+    with pytest.raises(ValueError, match=r"data\.index\.layout: 'offset-anchor' -> 'anchor-offset'"):
+        recipe.main([*flags[:-2], '--index-layout', 'anchor-offset', '--resume', '--out', str(out)])
+    result = recipe.main([*flags, '--resume', '--out', str(out)])
+    assert result['rows'][0]['attn'] == 'rope' and 0 <= result['rows'][0]['accuracy'] <= 1
+    tested = []
+    original = recipe.IndexTask
+
+    def recording(size, seed, spec):
+        tested.append(spec)
+        return original(size, seed, spec)
+    recipe.IndexTask = recording
+    try:
+        recipe.run_index(recipe.build_parser().parse_args([*flags, '--resume', '--out', str(out)]), out)
+    finally:
+        recipe.IndexTask = original
+    assert tested[-1] == recipe.IndexSpec(5, 7, 2, 'offset-anchor')

@@ -20,6 +20,9 @@ Synthetic tasks:
     the 5 key digits (81 fixed bytes, so any length >= 81 works).
   * indirect indexing (PoPE Sec. 4, App. B.1): ``<20-40 distinct letters of a-z, A-Z>|<anchor><sign><2 digits>=<target>``,
     the target being the letter at (anchor's position + offset), offset in -15..+15 (never 0, always inside).
+    ``IndexSpec`` sets the letter counts, the largest offset and the layout: ``'anchor-offset'`` (the above) or
+    ``'offset-anchor'`` (``<letters>|<sign><2 digits><anchor><target>``: the anchor is the byte the target is
+    predicted from, as in an induction head's lookup).
 """
 import sysconfig
 import tarfile
@@ -32,14 +35,14 @@ import torch
 from torch.utils.data import Dataset
 
 __all__ = ['Document', 'read_corpus', 'builtin_corpus', 'split_corpus', 'CorpusSplit', 'TrainWindows',
-           'eval_windows', 'passkey_sample', 'PasskeyTask', 'index_sample', 'IndexTask', 'KEY_DIGITS']
+           'eval_windows', 'passkey_sample', 'PasskeyTask', 'IndexSpec', 'index_sample', 'IndexTask', 'KEY_DIGITS']
 
 TEXT_SHARD_SUFFIX = '.txt'
 KEY_DIGITS = 5
 FILLER = b'The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. '
 LETTERS = b'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'  # 40 distinct letters need both cases
-INDEX_MIN_LETTERS, INDEX_MAX_LETTERS, INDEX_MAX_OFFSET = 20, 40, 15
-INDEX_LENGTH = INDEX_MAX_LETTERS + 7  # letters, '|', anchor, sign, two digits, '=', target; left-padded with spaces
+INDEX_MIN_LETTERS, INDEX_MAX_LETTERS, INDEX_MAX_OFFSET = 20, 40, 15  # the paper's task
+INDEX_LAYOUTS = ('anchor-offset', 'offset-anchor')
 
 
 @dataclass(frozen=True)
@@ -235,32 +238,63 @@ class PasskeyTask(Dataset):
 
 # --------------------------------------------------------------------------------- indirect indexing
 
-def index_sample(rng: np.random.Generator) -> Tuple[bytes, int]:
-    """One indirect-indexing prompt, left-padded with spaces to ``INDEX_LENGTH`` bytes, ending with its target.
+@dataclass(frozen=True)
+class IndexSpec:
+    """An indirect-indexing task: ``min_letters``-``max_letters`` distinct letters, offsets in
+    -``max_offset``..+``max_offset`` (never 0, always inside the string), and the prompt ``layout``:
+    ``'anchor-offset'`` ``<letters>|<anchor><sign><2 digits>=<target>`` (the default, the paper's task) or
+    ``'offset-anchor'`` ``<letters>|<sign><2 digits><anchor><target>``."""
+    min_letters: int = INDEX_MIN_LETTERS
+    max_letters: int = INDEX_MAX_LETTERS
+    max_offset: int = INDEX_MAX_OFFSET
+    layout: str = 'anchor-offset'
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.min_letters <= self.max_letters <= len(LETTERS):
+            raise ValueError(f'indirect indexing needs 2 <= min_letters <= max_letters <= {len(LETTERS)} distinct '
+                             f'letters, got {self.min_letters}..{self.max_letters}')
+        if not 1 <= self.max_offset <= 99:
+            raise ValueError(f'indirect-indexing offsets are written with two digits: max_offset must be in 1..99, '
+                             f'got {self.max_offset}')
+        if self.layout not in INDEX_LAYOUTS:
+            raise ValueError(f'indirect-indexing layout must be one of {INDEX_LAYOUTS}, got {self.layout!r}')
+
+    @property
+    def length(self) -> int:
+        """Bytes per prompt: the letters, '|', anchor, sign, two digits, '=' (anchor-offset only), target."""
+        return self.max_letters + (7 if self.layout == 'anchor-offset' else 6)
+
+
+INDEX_LENGTH = IndexSpec().length
+
+
+def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tuple[bytes, int]:
+    """One indirect-indexing prompt, left-padded with spaces to ``spec.length`` bytes, ending with its target.
 
     Returns (text, target_position); ``text[target_position]`` is the target letter.
     """
-    count = int(rng.integers(INDEX_MIN_LETTERS, INDEX_MAX_LETTERS + 1))
+    count = int(rng.integers(spec.min_letters, spec.max_letters + 1))
     letters = bytes(rng.permutation(list(LETTERS))[:count].tolist())
     anchor = int(rng.integers(0, count))
-    offsets = [o for o in range(-INDEX_MAX_OFFSET, INDEX_MAX_OFFSET + 1) if o != 0 and 0 <= anchor + o < count]
+    offsets = [o for o in range(-spec.max_offset, spec.max_offset + 1) if o != 0 and 0 <= anchor + o < count]
     offset = int(rng.choice(offsets))
-    text = letters + b'|' + letters[anchor:anchor + 1] + (b'+' if offset > 0 else b'-') + f'{abs(offset):02d}'.encode() \
-        + b'=' + letters[anchor + offset:anchor + offset + 1]
-    text = b' ' * (INDEX_LENGTH - len(text)) + text
-    return text, INDEX_LENGTH - 1
+    anchor_byte, target_byte = letters[anchor:anchor + 1], letters[anchor + offset:anchor + offset + 1]
+    code = (b'+' if offset > 0 else b'-') + f'{abs(offset):02d}'.encode()
+    query = anchor_byte + code + b'=' if spec.layout == 'anchor-offset' else code + anchor_byte
+    text = letters + b'|' + query + target_byte
+    return b' ' * (spec.length - len(text)) + text, spec.length - 1
 
 
 class IndexTask(Dataset):
-    """Indirect-indexing prompts; item ``i`` is a function of (seed, i). Items: ``tokens`` (INDEX_LENGTH,),
-    ``answer_start`` (the target's position, the last one)."""
+    """Indirect-indexing prompts of ``spec``; item ``i`` is a function of (seed, i). Items: ``tokens``
+    (spec.length,), ``answer_start`` (the target's position, the last one)."""
 
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed = size, seed
+    def __init__(self, size: int, seed: int, spec: IndexSpec = IndexSpec()) -> None:
+        self.size, self.seed, self.spec = size, seed, spec
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> dict:
-        text, target = index_sample(np.random.default_rng((self.seed, index)))
+        text, target = index_sample(np.random.default_rng((self.seed, index)), self.spec)
         return dict(tokens=torch.tensor(list(text), dtype=torch.long), answer_start=target)
