@@ -12,14 +12,15 @@ Commands (``vision-priors lm COMMAND --help`` explains every option):
             length (shorter lengths use proportionally more windows); table, JSON, plot.
   passkey   fine-tune each run briefly on passkey prompts at the training length (answer digits only), then
             test at 1x..8x and several depths: digit accuracy and exact match; table, JSON, heatmap PNG.
-  index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items.
+  index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items
+            (--index-letters / --index-max-offset / --index-layout give smaller tasks than the paper's).
   compare   all of the above for all methods in one command: one results.json and the plots.
 
 Data (``vision_priors.recipes.data.text``): bytes of ``--text`` files / folders / webdataset ``.tar`` shards,
 or by default the English prose of CPython's ``pydoc_data.topics`` (``--with-stdlib`` adds the standard
 library's sources); blocks of ``--block-bytes`` split into train / validation by a seeded choice.
 
-The README's CPU result (training length 128, seeds 0 1; 24 minutes on 2 cores shared with other jobs, see there):
+The README's CPU result (training length 128, seeds 0 1; 7 minutes on 2 cores, see there):
 
   vision-priors lm compare --seeds 0 1 --batch-size 16 --updates 1000 --passkey-updates 300 --index-updates 200 \\
       --depths 0 0.5 1 --passkey-samples 8 --eval-windows 4 --threads 1 --jobs 2 --out outputs/lm/compare
