@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vision_priors.recipes.data.text import (INDEX_LENGTH, INDEX_MAX_OFFSET, KEY_DIGITS, IndexSpec, IndexTask, PasskeyTask,
-                                             TrainWindows, builtin_corpus, eval_windows, index_sample,
+from vision_priors.recipes.data.text import (INDEX_LENGTH, INDEX_MAX_OFFSET, KEY_DIGITS, IndexSpec, IndexTask,
+                                             PasskeyTask, TrainWindows, builtin_corpus, eval_windows, index_sample,
                                              passkey_sample, read_corpus, split_corpus)
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vision_priors.layers.goat import GoatPrior
 from vision_priors.models.language_model import (ATTENTIONS, SoftmaxCausalAttention, create_language_model,
                                                  rope_table)
-from vision_priors.layers.goat import GoatPrior
 
 TOL = dict(atol=1e-10, rtol=1e-9)  # float64 throughout
 

@@ -237,8 +237,9 @@ class LanguageModel(nn.Module):
         rope_theta: RoPE frequency base.
         weight_init: ``'fan_in'`` (default): every Linear weight ~ N(0, 1 / fan_in) and the token embedding
             ~ N(0, 1) (N(0, 1 / dim) when tied, so the head keeps its fan-in scale); ``'gpt2'``: every weight
-            N(0, 0.02^2), truncated. At small widths GPT-2's 0.02 leaves attention logits near zero for so long
-            that a 2-block model never forms an induction head (README, Language: "Initialisation").
+            N(0, 0.02^2), truncated. At small widths GPT-2's 0.02 leaves the attention logits near zero, and a
+            2-block model at width 64 forms no induction head in thousands of updates (README, Language:
+            "Initialisation").
     """
 
     def __init__(
