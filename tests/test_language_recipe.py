@@ -218,7 +218,7 @@ def test_hidden_files_in_a_text_folder_do_not_refuse_resume_or_ppl(tmp_path):
     assert not (tmp_path / 'ppl2').exists()
 
 
-def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path):
+def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     """``--index-letters / --index-max-offset / --index-layout`` reach the training items, the run's config and the
     held-out test; a resume with another task is refused (the data config changed)."""
     out = tmp_path / 'idx'
@@ -238,9 +238,6 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path):
     def recording(size, seed, spec):
         tested.append(spec)
         return original(size, seed, spec)
-    recipe.IndexTask = recording
-    try:
-        recipe.run_index(recipe.build_parser().parse_args([*flags, '--resume', '--out', str(out)]), out)
-    finally:
-        recipe.IndexTask = original
+    monkeypatch.setattr(recipe, 'IndexTask', recording)
+    recipe.run_index(recipe.build_parser().parse_args([*flags, '--resume', '--out', str(out)]), out)
     assert tested[-1] == recipe.IndexSpec(5, 7, 2, 'offset-anchor')
