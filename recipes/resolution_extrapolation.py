@@ -46,6 +46,8 @@ import timm
 from timm.data import Mixup, create_dataset, create_transform, resolve_data_config
 from timm.layers import build_sincos2d_pos_embed
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models import named_apply
+from timm.models.vision_transformer import init_weights_vit_jax
 from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
@@ -86,6 +88,7 @@ DEFAULT_MODELS = [
 BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, global_pool='avg', class_token=False,
                          init_values=1.0)
 EVAL_ONLY_FLAGS = ('eval_res',)  # a resumed run may change them
+WEIGHT_INITS = ('jax', 'timm')
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -143,9 +146,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help='evaluation resolutions, N or HxW')
 
 
+def add_init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument('--weight-init', choices=WEIGHT_INITS, default='jax',
+                   help="start of every model's weights: 'jax' = timm's JAX-style init for every model alike "
+                        "(Xavier-uniform Linear layers, LeCun-normal patch embedding, zero head; the README's "
+                        "ablation), 'timm' = each model's own timm start (trunc-normal 0.02 Linear layers; "
+                        "Eva's RoPE models also rescale their output projections by depth)")
+
+
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_data_args(p)
     add_model_args(p)
+    add_init_args(p)
     cli.add_optim_flags(p, lr=2e-3, epochs=5, warmup_frac=0.1)
     cli.add_prior_lr_flag(p, default=VISION_PRIOR_LR_SCALE)
     g = p.add_argument_group('regularisation')
@@ -343,6 +355,22 @@ def init_abs_pos_embed(model: nn.Module, mode: str) -> bool:
     return True
 
 
+def init_weights(model: nn.Module, mode: str) -> None:
+    """``--weight-init``: 'timm' keeps the start the model's constructor gave it; 'jax' re-initialises every
+    submodule with timm's ``init_weights_vit_jax`` (Xavier-uniform Linear, LeCun-normal Conv2d, zero head;
+    modules with their own ``init_weights`` / ``reset_parameters``, e.g. the GOAT prior, PoPE's phases, layer
+    scale and norms, re-apply their own start), for timm's ``VisionTransformer``, its ``Eva`` RoPE models and
+    ours alike.
+
+    Why: timm's trunc-normal 0.02 is a start made for width 384-768. At the built-in experiment's width 64 the
+    attention logits start about 20x smaller than at fan-in scale, and the per-seed outcome at unseen
+    resolutions varied most (README, "Start scale")."""
+    if mode not in WEIGHT_INITS:
+        raise ValueError(f'--weight-init must be one of {WEIGHT_INITS}, got {mode!r}')
+    if mode == 'jax':
+        named_apply(functools.partial(init_weights_vit_jax, head_bias=0.0), model)
+
+
 def check_model_name(name: str) -> None:
     if name not in timm.list_models() and name not in timm.list_models(pretrained=True):
         raise ValueError(f'unknown model {name!r}: not registered with timm (did you import vision_priors?)')
@@ -406,6 +434,7 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     train_data, num_classes, map_style, epoch_length = make_train_data(args, probe, seed)
     kwargs = model_kwargs(args, num_classes, name)
     model = build_from_flags(args, name, kwargs)
+    init_weights(model, args.weight_init)
     init_abs_pos_embed(model, args.abs_pos_init)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
                   args=run_settings(args), data_fingerprint=data_fingerprints(data_paths(args.data)))

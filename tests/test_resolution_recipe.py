@@ -1,6 +1,7 @@
 """End-to-end tests of the resolution-extrapolation recipe on tiny data written by the tests."""
 import io
 import json
+import math
 import os
 import re
 import subprocess
@@ -296,6 +297,51 @@ def test_sincos_start_of_the_absolute_embedding():
         assert not recipe.init_abs_pos_embed(model, 'timm')
     goat = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=64, depth=1, num_heads=2, patch_size=8, img_size=32)
     assert not recipe.init_abs_pos_embed(goat, 'sincos')
+
+
+def test_jax_weight_init_restarts_every_default_model_alike():
+    """``--weight-init jax`` gives every Linear layer of every default model (timm's ViT, its Eva RoPE models and
+    ours) the Xavier-uniform start and a zero head, and leaves what is not a Linear / Conv2d weight where the model
+    put it (the GOAT prior, layer scale, norms, mixed RoPE's frequencies); 'timm' changes nothing."""
+    import timm
+    from torch import nn
+    for name in recipe.DEFAULT_MODELS:
+        torch.manual_seed(0)
+        model = timm.create_model(name, num_classes=12, img_size=32, dynamic_img_size=True, **recipe.BUILTIN_OVERRIDES)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        recipe.init_weights(model, 'timm')
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), name
+        recipe.init_weights(model, 'jax')
+        linear_weights = set()
+        for module_name, module in model.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            linear_weights.add(f'{module_name}.weight')
+            w = module.weight.detach()
+            if module_name.startswith('head'):
+                assert not w.any() and not module.bias.any(), name
+                continue
+            bound = math.sqrt(6.0 / (w.shape[0] + w.shape[1]))
+            assert w.abs().max() <= bound and 0.8 < w.std() * math.sqrt(3) / bound < 1.2, (name, module_name)
+        assert len(linear_weights) >= 9, name  # qkv, proj, fc1, fc2 x depth 2 + head
+        conv = model.patch_embed.proj.weight.detach()
+        assert abs(conv.std().item() - 1 / math.sqrt(conv[0].numel())) < 0.15 / math.sqrt(conv[0].numel()), name
+        for key, value in model.state_dict().items():
+            if key not in linear_weights and not key.startswith('patch_embed.proj') and not key.endswith('.bias'):
+                assert torch.equal(value, before[key]), (name, key)
+
+
+def test_weight_init_is_recorded_and_a_changed_one_refuses_resume(image_folder, tmp_path):
+    run = tmp_path / 'run'
+    recipe.main(_train_args(run, str(image_folder), '--updates', '2', '--stop-after', '1', '--weight-init', 'timm'))
+    assert json.loads((run / 'config.json').read_text())['args']['weight_init'] == 'timm'
+    config_before = (run / 'config.json').read_bytes()
+    with pytest.raises(ValueError, match=r'settings differ .*weight_init'):
+        recipe.main(_train_args(run, str(image_folder), '--updates', '2', '--resume'))  # the default is jax
+    assert (run / 'config.json').read_bytes() == config_before
+    with pytest.raises(SystemExit):
+        recipe.main(_train_args(tmp_path / 'bad', str(image_folder), '--updates', '1', '--weight-init', 'xavier'))
+    assert not (tmp_path / 'bad').exists()
 
 
 def test_builtin_scenes_are_rendered_once_per_process():
