@@ -128,7 +128,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="built-in scenes: 'clock' (clock direction of a red disc from a white one, learnable in "
                         "a few hundred CPU updates) or 'layouts' (twelve three-part configurations, needs far "
                         "longer training)")
-    g.add_argument('--crop-pct', type=cli.positive_float, default=0.875, help='eval transform crop fraction (real images)')
+    g.add_argument('--crop-pct', type=cli.positive_float, default=0.875,
+                   help='eval transform crop fraction (real images)')
     g.add_argument('--auto-augment', default=None, help='timm auto-augment policy, e.g. rand-m9-mstd0.5')
 
 
@@ -164,11 +165,13 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')
     g.add_argument('--smoothing', type=cli.unit_fraction, default=0.0, help='label smoothing')
-    g.add_argument('--ema-decay', type=cli.unit_fraction, default=0.0, help='model EMA decay (0 = off); the averaged weights are evaluated, kept as best and reported')
+    g.add_argument('--ema-decay', type=cli.unit_fraction, default=0.0,
+                   help='model EMA decay (0 = off); the averaged weights are evaluated, kept as best and reported')
     g.add_argument('--ema-warmup', action='store_true',
                    help="ramp the EMA decay up as timm's --model-ema-warmup does: min(decay, 1 - (1 + step) ** -2/3)")
     cli.add_device_flags(p, batch_size=64)
-    cli.add_run_flags(p, out='outputs/resolution_extrapolation', sweep=sweep, default_seeds=(0, 1, 2) if sweep else (0,),
+    cli.add_run_flags(p, out='outputs/resolution_extrapolation', sweep=sweep,
+                      default_seeds=(0, 1, 2) if sweep else (0,),
                       default_jobs=0)  # the main job: one run per CPU core at a time when there is no GPU
 
 
@@ -189,9 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command('analyze', 'plot the learned GOAT prior, print spectral statistics')
     p.add_argument('checkpoint', help='run or checkpoint folder of a GOAT model')
     p.add_argument('--out', default='outputs/resolution_extrapolation/analysis', help='folder for the plot and JSON')
-    p.add_argument('--layers', type=cli.nonnegative_int, nargs='*', default=None, help='layers to plot (default: first, last)')
+    p.add_argument('--layers', type=cli.nonnegative_int, nargs='*', default=None,
+                   help='layers to plot (default: first, last)')
     p.add_argument('--heads', type=cli.nonnegative_int, nargs='*', default=None, help='heads to plot (default: all)')
-    p.add_argument('--query', type=cli.nonnegative_int, nargs=2, default=None, metavar=('ROW', 'COL'), help='query patch')
+    p.add_argument('--query', type=cli.nonnegative_int, nargs=2, default=None, metavar=('ROW', 'COL'),
+                   help='query patch')
     p.add_argument('--analyze-res', type=parse_resolution, default=None, help='grid resolution for the plot')
     return parser
 

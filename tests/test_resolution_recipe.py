@@ -237,8 +237,9 @@ def test_clear_errors(image_folder, wds_folder, tmp_path):
         recipe.main(['eval', 'x', '--eval-res', '32y'])
     # --size-overrides timm's constructor rejects: an error naming the flag, for train and for eval of a model name
     bad = json.dumps(dict(json.loads(TINY), embed_dim=-8))
-    with pytest.raises(ValueError, match=rf'--size-overrides {re.escape(bad)} cannot build the vit_tiny_patch16_goat_224 '
-                                         r'model \(with --train-res 32, --drop-path 0\): .*negative dimension'):
+    with pytest.raises(ValueError, match=rf'--size-overrides {re.escape(bad)} cannot build the '
+                                         r'vit_tiny_patch16_goat_224 model \(with --train-res 32, --drop-path 0\): '
+                                         r'.*negative dimension'):
         recipe.main(_train_args(tmp_path / 'r4', str(image_folder), '--updates', '1', '--size-overrides', bad))
     with pytest.raises(ValueError, match=r'--size-overrides \{"act_layer": "nope"\} cannot build .*nope'):
         recipe.main(_train_args(tmp_path / 'r4', str(image_folder), '--updates', '1',
@@ -288,7 +289,8 @@ def test_sincos_start_of_the_absolute_embedding():
     torch.manual_seed(0)
     for class_token in (True, False):
         model = timm.create_model('vit_tiny_patch16_224', embed_dim=64, depth=1, num_heads=2, patch_size=8,
-                                  img_size=(32, 48), class_token=class_token, global_pool='token' if class_token else 'avg')
+                                  img_size=(32, 48), class_token=class_token,
+                                  global_pool='token' if class_token else 'avg')
         before = model.pos_embed.detach().clone()
         assert recipe.init_abs_pos_embed(model, 'sincos')
         table = build_sincos2d_pos_embed([4, 6], 64)
@@ -376,7 +378,8 @@ def test_cifar10_data_trains_and_evaluates_at_larger_resolutions(tmp_path, monke
                      '--eval-res', '16', '24', '--out', str(out), '--cpu', '--threads', '1'])
         results = json.loads((out / 'results.json').read_text())
         rows = results['rows']
-        assert [r['res'] for r in rows] == ['16', '24'] and all(r['samples'] == (4 if 'npz' not in spec else 10) for r in rows)  # test_batch; 1 of 4 per class
+        per_res = 4 if 'npz' not in spec else 10  # test_batch; 1 of 4 per class
+        assert [r['res'] for r in rows] == ['16', '24'] and all(r['samples'] == per_res for r in rows)
         config = json.loads((out / 'vit_tiny_patch16_goat_224' / 'seed0' / 'config.json').read_text())
         assert config['data_kind'] == 'cifar10' and config['model_kwargs']['num_classes'] == 10
     with pytest.raises(ValueError, match=r"expected 'cifar10' \(download\) or 'cifar10:PATH'"):
@@ -388,7 +391,8 @@ def test_cifar10_data_trains_and_evaluates_at_larger_resolutions(tmp_path, monke
         def __init__(self, *args, **kwargs):
             raise OSError('network is unreachable')
     monkeypatch.setattr('torchvision.datasets.CIFAR10', Offline)
-    with pytest.raises(RuntimeError, match=r'downloading CIFAR-10 into .* failed .*network is unreachable.*cifar10:FOLDER'):
+    with pytest.raises(RuntimeError,
+                       match=r'downloading CIFAR-10 into .* failed .*network is unreachable.*cifar10:FOLDER'):
         image_pools.cifar10_pools('cifar10', 0, download_root=tmp_path / 'download')
 
 
