@@ -87,8 +87,10 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
               f"{r['softmax_fwd_s'] / r['lavo_fwd_s']:.2f}x | {r['softmax_fwdbwd_s'] / r['lavo_fwdbwd_s']:.2f}x |")
     large = [r for r in rows if r['M'] >= 1024]
     if large:
-        faster = all(r['lavo_fwd_s'] < r['softmax_fwd_s'] and r['lavo_fwdbwd_s'] < r['softmax_fwdbwd_s'] for r in large)
-        print(f'\nLAVO faster than softmax (fwd and fwd+bwd) from 1,024 image tokens on: {"met" if faster else "NOT met"}')
+        faster = all(r['lavo_fwd_s'] < r['softmax_fwd_s'] and r['lavo_fwdbwd_s'] < r['softmax_fwdbwd_s']
+                     for r in large)
+        print('\nLAVO faster than softmax (fwd and fwd+bwd) from 1,024 image tokens on: '
+              f'{"met" if faster else "NOT met"}')
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(rows, f, indent=2)

@@ -156,7 +156,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, batch 1, d_model {args.dim}, '
           f'{args.heads} heads, LAVO r={args.slots} w={args.window}; float32 CPU; '
           f'load average before: {os.getloadavg()[0]:.2f}')
-    print('times in ms (best of --repeats); memory = extra peak RSS of one call in MiB (fresh subprocess, VmHWM - VmRSS)\n')
+    print('times in ms (best of --repeats); memory = extra peak RSS of one call in MiB '
+          '(fresh subprocess, VmHWM - VmRSS)\n')
     rows: List[Dict] = []
     for length in args.lengths:
         x = torch.randn(1, length, args.dim)

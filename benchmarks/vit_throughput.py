@@ -111,7 +111,7 @@ def profile_table(call: Callable[[], object], rows: int = 15) -> str:
         call()
     events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in events)
-    lines = [f'| op | input shapes | calls | self CPU ms | share |', '|---|---|---|---|---|']
+    lines = ['| op | input shapes | calls | self CPU ms | share |', '|---|---|---|---|---|']
     for e in events[:rows]:
         shapes = str(e.input_shapes).replace('|', '/')[:80]
         lines.append(f'| {e.key} | {shapes} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | '

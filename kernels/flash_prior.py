@@ -44,7 +44,8 @@ Optional tensors (the key mask, the table-gradient outputs, the tensors a mode d
 as None: ``@triton.heuristics`` derive the ``HAS_KEY_MASK`` / ``TAB_GRAD`` flags from them, and
 ``aot_specs`` derives the kernels' signatures from their parameter lists (``_backend.aot_signature``).
 
-The naive dense reference with the same signature is ``vision_priors.kernels.flash_prior_ref.flash_prior_attention_ref``.
+The naive dense reference with the same signature is
+``vision_priors.kernels.flash_prior_ref.flash_prior_attention_ref``.
 """
 import importlib.util
 import sys

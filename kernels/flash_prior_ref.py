@@ -13,7 +13,8 @@ Written straight from the papers' equations, independently of the kernel's facto
 
 Masking: ``causal`` keeps j <= i; ``key_mask`` (B, N) bool, True = valid key (the package's one key-mask
 convention, ``_backend.check_key_mask``). A row with no valid key outputs zeros. Computes in float64 for
-float64 inputs, else float32, and returns the input dtype. ``input_precision`` is accepted for signature parity and ignored.
+float64 inputs, else float32, and returns the input dtype. ``input_precision`` is accepted for signature parity and
+ignored.
 
 This module does not import Triton; it also holds the argument checks the kernel op shares.
 """

@@ -80,8 +80,8 @@ def verify_checkpoint(folder: Path) -> None:
     for name, expected in files.items():
         if (not isinstance(expected, dict) or not isinstance(expected.get('bytes'), int)
                 or not isinstance(expected.get('sha256'), str) or Path(name).is_absolute() or '..' in Path(name).parts):
-            raise CheckpointError(f'checkpoint manifest {manifest_path} is damaged: entry {name!r}: {expected!r} is not '
-                                  f'a file inside the checkpoint with its "bytes" and "sha256"')
+            raise CheckpointError(f'checkpoint manifest {manifest_path} is damaged: entry {name!r}: {expected!r} '
+                                  'is not a file inside the checkpoint with its "bytes" and "sha256"')
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f'checkpoint file {path} is missing (listed in {manifest_path})')

@@ -100,7 +100,8 @@ def data_source(keywords: Sequence[str] = (), schemes: Sequence[str] = ()) -> Ca
 
 # ----------------------------------------------------------------------------------------- parser
 
-def command_parser(prog: str, description: str) -> Tuple[argparse.ArgumentParser, Callable[..., argparse.ArgumentParser]]:
+def command_parser(prog: str,
+                   description: str) -> Tuple[argparse.ArgumentParser, Callable[..., argparse.ArgumentParser]]:
     """A recipe's parser (its module docstring as description) and ``add_command(name, help)`` for its
     sub-commands (each shows its defaults in ``--help``)."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
@@ -127,7 +128,8 @@ def add_run_flags(parser: argparse.ArgumentParser, *, out: str, sweep: bool = Fa
                        help='runs trained at once, in worker processes sharing --threads (0 = one per CPU core '
                             'when no GPU is present); a run\'s result does not depend on it')
     else:
-        g.add_argument('--seed', type=nonnegative_int, default=default_seeds[0], help='training seed (init, data order)')
+        g.add_argument('--seed', type=nonnegative_int, default=default_seeds[0],
+                       help='training seed (init, data order)')
     g.add_argument('--checkpoint-every', type=nonnegative_int, default=0,
                    help='checkpoint every N updates (and at the end); 0 = only at the end')
     g.add_argument('--resume', action='store_true',
@@ -159,7 +161,8 @@ def add_optim_flags(parser: argparse.ArgumentParser, *, lr: float, epochs: int, 
     ``--clip-grad`` (cosine schedule in updates, see ``engine.cosine_schedule``). ``warmup_frac=None``: the recipe
     resolves a default per run before training (``warmup_help`` says how)."""
     g = parser.add_argument_group('optimisation')
-    g.add_argument('--epochs', type=positive_int, default=epochs, help='training epochs (ignored when --updates is set)')
+    g.add_argument('--epochs', type=positive_int, default=epochs,
+                   help='training epochs (ignored when --updates is set)')
     g.add_argument('--updates', type=nonnegative_int, default=0, help='total optimizer updates (0 = use --epochs)')
     g.add_argument('--grad-accum', type=positive_int, default=1, help='gradient accumulation steps')
     g.add_argument('--opt', type=optimizer_name, default='adamw', help='timm optimizer name')
@@ -200,9 +203,11 @@ def build_or_explain(build: Callable[[], T], flag: str, text: str, what: str) ->
 
 def add_prior_lr_flag(parser: argparse.ArgumentParser, default: float) -> None:
     """``--prior-lr-scale``: learning-rate multiplier of the positional-prior parameters (GOAT alpha, beta, key
-    default; PoPE delta), their own optimizer group without weight decay (``vision_priors.optim.prior_param_groups``)."""
+    default; PoPE delta), their own optimizer group without weight decay
+    (``vision_priors.optim.prior_param_groups``)."""
     parser.add_argument('--prior-lr-scale', type=positive_float, default=default,
-                        help=f"learning-rate multiplier of the positional priors: GOAT alpha / beta / key default, PoPE delta, LAVO relative bias (default {default:g})")
+                        help='learning-rate multiplier of the positional priors: GOAT alpha / beta / key default, '
+                             f'PoPE delta, LAVO relative bias (default {default:g})')
 
 
 # ------------------------------------------------------------------------------------- validation

@@ -17,7 +17,8 @@ RECIPES: Dict[str, Tuple[str, str]] = {
                    'resolution extrapolation: train at one resolution, evaluate at unseen ones (GOAT Fig. 5)'),
     'vqa': ('vision_priors.recipes.spatial_vqa', 'CIFAR scan-order spatial VQA (GOAT Sec. 6, Tables 9-10)'),
     'pcn': ('vision_priors.recipes.pcn', 'PCN point-cloud completion, vanilla vs LAVO cross-attention (LAVO Table 7)'),
-    'forecast': ('vision_priors.recipes.forecast', 'Informer forecasting, full vs LAVO cross-attention vs linear (LAVO Table 8)'),
+    'forecast': ('vision_priors.recipes.forecast',
+                 'Informer forecasting, full vs LAVO cross-attention vs linear (LAVO Table 8)'),
     'lm': ('vision_priors.recipes.language', 'byte-level causal LMs: length extrapolation, passkey, indirect indexing'),
     'scenes': ('vision_priors.recipes.data.builtin_scenes', 'save a grid of the built-in spatial scenes'),
 }

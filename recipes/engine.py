@@ -152,7 +152,8 @@ def _improved(value: float, best: Optional[float], mode: str) -> bool:
     return value < best if mode == 'min' else value > best
 
 
-def save_best(accelerator: Accelerator, model: nn.Module, out_dir: Path, update: int, metrics: Dict[str, float]) -> None:
+def save_best(accelerator: Accelerator, model: nn.Module, out_dir: Path, update: int,
+              metrics: Dict[str, float]) -> None:
     """Write the model weights to ``out_dir/best`` (safetensors + manifest + metrics.json), replacing the old ones."""
     if not accelerator.is_main_process:
         return

@@ -88,8 +88,10 @@ def updates_between(cadence: Any, updates_per_epoch: int) -> int:
 
 def add_data_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', type=cli.location, default=None, help='CSV with a date column; default: a generated ETT-format CSV')
-    g.add_argument('--builtin-root', type=cli.location, default='outputs/forecast_data', help='where the generated CSV is written once')
+    g.add_argument('--data', type=cli.location, default=None,
+                   help='CSV with a date column; default: a generated ETT-format CSV')
+    g.add_argument('--builtin-root', type=cli.location, default='outputs/forecast_data',
+                   help='where the generated CSV is written once')
     g.add_argument('--builtin-seed', type=cli.nonnegative_int, default=0, help='generated CSV: seed')
     g.add_argument('--layout', choices=LAYOUTS, default='auto', help='split borders (auto: from the file name)')
     g.add_argument('--features', choices=FEATURE_MODES, default='M', help='M: all -> all, S: target -> target, '
@@ -116,7 +118,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--model', default='informer_cpu', choices=forecast_model_names(),
                    help='registered configuration (in compare: the transformer; the baseline is linear)')
     g.add_argument('--attn', choices=ATTENTIONS, default='prob', help='self-attention: ProbSparse or full')
-    g.add_argument('--model-overrides', default='{}', help='JSON dict of constructor overrides, e.g. \'{"d_model": 32}\'')
+    g.add_argument('--model-overrides', default='{}',
+                   help='JSON dict of constructor overrides, e.g. \'{"d_model": 32}\'')
 
 
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -478,9 +481,11 @@ def format_table(table: Dict[str, Any], published: Dict[int, Any]) -> str:
         header += ['Informer paper MSE', 'Informer paper MAE']
     lines = []
     for pred_len, cells in table.items():
-        line = [pred_len] + [format_cell(cells[m][k], digits=3) if m in cells else '' for m in methods for k in METRICS]
+        line = [pred_len] + [format_cell(cells[m][k], digits=3) if m in cells else ''
+                             for m in methods for k in METRICS]
         if published:
-            line += [f'{v:.3f}' for v in published.get(int(pred_len), ('', ''))] if int(pred_len) in published else ['', '']
+            line += ([f'{v:.3f}' for v in published.get(int(pred_len), ('', ''))] if int(pred_len) in published
+                     else ['', ''])
         lines.append(line)
     return markdown_table(header, lines)
 

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         cli.add_device_flags(p, batch_size=8)
         p.add_argument('--out', default=f'outputs/lm/{name}', help='folder for results.json and the plot')
         if name == 'passkey':
-            p.add_argument('--resume', action='store_true', help='continue the fine-tuning runs in OUT/<method>/seed<k>')
+            p.add_argument('--resume', action='store_true',
+                           help='continue the fine-tuning runs in OUT/<method>/seed<k>')
             p.add_argument('--checkpoint-every', type=cli.nonnegative_int, default=0,
                            help='checkpoint the fine-tuning every N updates; 0 = only at the end')
             p.add_argument('--jobs', type=cli.nonnegative_int, default=1,
@@ -179,8 +180,9 @@ def validate(args: argparse.Namespace) -> None:
     if length is not None and getattr(args, 'block_bytes', None) is not None and args.command in ('train', 'compare'):
         longest = length * max(getattr(args, 'multiples', [1]))
         if args.block_bytes < longest + 1:
-            raise ValueError(f'--block-bytes {args.block_bytes} cannot hold an evaluation window of {longest + 1} bytes '
-                             f'(--train-length {length} x {max(getattr(args, "multiples", [1]))}); raise --block-bytes')
+            raise ValueError(f'--block-bytes {args.block_bytes} cannot hold an evaluation window of {longest + 1} '
+                             f'bytes (--train-length {length} x {max(getattr(args, "multiples", [1]))}); '
+                             'raise --block-bytes')
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -324,7 +326,8 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
             updates, lr = args.index_updates, args.index_lr
     # the text files read (none for the built-in corpus, the synthetic passkey prompts and indexing items)
     text = dcfg.get('text') if task == 'lm' else None
-    config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg, init_from=str(init_from) if init_from else None,
+    config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg,
+                  init_from=str(init_from) if init_from else None,
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
                   data_fingerprint=data_fingerprints(text or [], skip_hidden=True))  # as the text loader reads
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)

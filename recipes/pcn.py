@@ -70,12 +70,15 @@ EVAL_ONLY_FLAGS = ('renders',)
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('data')
-    g.add_argument('--data', type=cli.location, default=None, help='PCN-layout folder; default: the built-in procedural dataset')
+    g.add_argument('--data', type=cli.location, default=None,
+                   help='PCN-layout folder; default: the built-in procedural dataset')
     g.add_argument('--categories', nargs='+', default=None, help='taxonomy names to use (default: all)')
     g.add_argument('--num-partial', type=cli.positive_int, default=512, help='points per partial cloud (PCN: 2048)')
     g.add_argument('--num-complete', type=cli.positive_int, default=2048, help='points per complete cloud (PCN: 16384)')
-    g.add_argument('--builtin-root', type=cli.location, default='outputs/pcn_data', help='where the built-in dataset is written once')
-    g.add_argument('--builtin-models', type=cli.positive_int, nargs=3, default=(24, 4, 6), metavar=('TRAIN', 'VAL', 'TEST'),
+    g.add_argument('--builtin-root', type=cli.location, default='outputs/pcn_data',
+                   help='where the built-in dataset is written once')
+    g.add_argument('--builtin-models', type=cli.positive_int, nargs=3, default=(24, 4, 6),
+                   metavar=('TRAIN', 'VAL', 'TEST'),
                    help='built-in data: models per category and split')
     g.add_argument('--builtin-views', type=cli.positive_int, default=8, help='built-in data: partial views per model')
     g.add_argument('--builtin-seed', type=cli.nonnegative_int, default=0, help='built-in data: generator seed')
@@ -84,7 +87,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group('model')
     g.add_argument('--model', default='pointr_cpu', choices=completion_model_names(), help='registered configuration')
-    g.add_argument('--model-overrides', default='{}', help='JSON dict of constructor overrides, e.g. \'{"num_proxies": 64}\'')
+    g.add_argument('--model-overrides', default='{}',
+                   help='JSON dict of constructor overrides, e.g. \'{"num_proxies": 64}\'')
 
 
 def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -358,7 +362,8 @@ def format_tables(table: Dict[str, Any]) -> str:
     """Overall table (CD-L1, CD-L2 x 1000, F-score) and one table per metric with a column per category."""
     lines = [markdown_table(['cross-attention', 'params', 'CD-L1 (x1000)', 'CD-L2 (x1000)', 'F-score@0.01'],
                             [[name, f"{t['parameters']:,}", format_cell(t['overall']['cd_l1'], digits=3),
-                              format_cell(t['overall']['cd_l2'], digits=3), format_cell(t['overall']['f_score'], digits=3)]
+                              format_cell(t['overall']['cd_l2'], digits=3),
+                              format_cell(t['overall']['f_score'], digits=3)]
                              for name, t in table.items()])]
     categories = list(dict.fromkeys(c for t in table.values() for c in t['by_category']))
     for metric, label in (('cd_l1', 'CD-L1 (x1000)'), ('cd_l2', 'CD-L2 (x1000)'), ('f_score', 'F-score@0.01')):

@@ -64,7 +64,8 @@ def config_differences(stored: Dict[str, Any], new: Dict[str, Any], may_change: 
     """Dotted keys whose values differ between two configs, ignoring keys whose last part is in ``may_change``."""
     allowed = set(RESUMABLE_FLAGS) | set(may_change)
     a, b = _flatten(to_json(stored)), _flatten(to_json(new))
-    return sorted(k for k in set(a) | set(b) if k.split('.')[-1] not in allowed and a.get(k, '<absent>') != b.get(k, '<absent>'))
+    return sorted(k for k in set(a) | set(b)
+                  if k.split('.')[-1] not in allowed and a.get(k, '<absent>') != b.get(k, '<absent>'))
 
 
 class SettingsChecked(Exception):
@@ -221,7 +222,8 @@ def load_finished_run(source: Path, kind: str, reads: Optional[Iterable[Any]] = 
         raise FileNotFoundError(f'{source} does not exist (expected a {kind} run or checkpoint folder)')
     run_dir = source if (source / CONFIG).exists() else source.parent
     if not (run_dir / CONFIG).exists():
-        raise FileNotFoundError(f'{source}: no {CONFIG} in it or its parent (expected a {kind} run or checkpoint folder)')
+        raise FileNotFoundError(f'{source}: no {CONFIG} in it or its parent '
+                                f'(expected a {kind} run or checkpoint folder)')
     config = read_config(run_dir / CONFIG)
     checkpoint = latest_checkpoint(source) if source == run_dir else source
     if checkpoint is None:

@@ -79,8 +79,9 @@ permutation-equivariant), and the diagonal text coordinates plus the scenes' x <
 halves equal, a prior that cannot tell top-right from bottom-left; the seed then decided how far GOAT got (README
 ablation: zero 63.7 +- 19.6 %, offsets 90.6 +- 10.8 % over three seeds, RoPE 81.8 % on seen orders).
 
-Data (``--data``; readers in ``vision_priors.recipes.data.image_pools``, scenes in ``vision_priors.recipes.data.vqa_scenes``): a folder with CIFAR-10's python batches (``data_batch_1..5``, ``test_batch``,
-``batches.meta``; read directly, no download, no checksum; train pool = the five data batches, test
+Data (``--data``; readers in ``vision_priors.recipes.data.image_pools``, scenes in
+``vision_priors.recipes.data.vqa_scenes``): a folder with CIFAR-10's python batches (``data_batch_1..5``,
+``test_batch``, ``batches.meta``; read directly, no download, no checksum; train pool = the five data batches, test
 pool = ``test_batch``), an ``.npz`` with ``images`` (N, 32, 32, 3) uint8 and ``labels`` (split per class,
 deterministically by ``--data-seed``, into disjoint train / test pools, ``--npz-test-fraction``), or
 nothing: built-in procedural 32x32 images in 10 classes (a colour and a texture per class, random
@@ -167,12 +168,15 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help='validation scenes for --eval-every (train pool, another layout stream, training orders)')
     g.add_argument('--test-scenes', type=cli.positive_int, default=10000,
                    help='test scenes (each evaluated in one seen and one unseen scan order)')
-    g.add_argument('--data-seed', type=cli.nonnegative_int, default=0, help='scene layouts, npz split and built-in images')
+    g.add_argument('--data-seed', type=cli.nonnegative_int, default=0,
+                   help='scene layouts, npz split and built-in images')
     g.add_argument('--npz-test-fraction', type=cli.open_fraction, default=0.2,
                    help='share of each class in the npz test pool')
-    g.add_argument('--synthetic-per-class', type=cli.positive_int, nargs=2, default=(500, 100), metavar=('TRAIN', 'TEST'),
+    g.add_argument('--synthetic-per-class', type=cli.positive_int, nargs=2, default=(500, 100),
+                   metavar=('TRAIN', 'TEST'),
                    help='built-in images per class in the train / test pools')
-    g.add_argument('--patch-size', type=cli.positive_int, default=8, help='patch side p (divides 32): (64 / p)^2 image tokens')
+    g.add_argument('--patch-size', type=cli.positive_int, default=8,
+                   help='patch side p (divides 32): (64 / p)^2 image tokens')
     g.add_argument('--train-orders', nargs='+', default=DEFAULT_TRAIN_ORDERS, choices=ORDER_NAMES,
                    help='scan orders used in training (and for the "seen" evaluation)')
     g.add_argument('--test-orders', nargs='+', default=DEFAULT_TEST_ORDERS, choices=ORDER_NAMES,
@@ -186,7 +190,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--depth', type=cli.positive_int, default=4)
     g.add_argument('--num-heads', type=cli.positive_int, default=4)
     g.add_argument('--mlp-ratio', type=cli.positive_float, default=4.0)
-    g.add_argument('--goat-modes', type=cli.positive_int, default=2, help='GOAT Fourier modes R per axis (d_p = 4R + 2)')
+    g.add_argument('--goat-modes', type=cli.positive_int, default=2,
+                   help='GOAT Fourier modes R per axis (d_p = 4R + 2)')
     g.add_argument('--goat-prior-init', choices=PRIOR_INITS, default=None,
                    help='GOAT prior initialisation (paper Table 5): zero (uniform), random (seeded), alibi '
                         '(recency-like decay with distance), offsets (each head a bump at its own 2D key offset; '
@@ -233,8 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command('eval', 'evaluate run folders on seen and unseen scan orders')
     p.add_argument('runs', nargs='+', help='run folders, their checkpoint folders or their best/ folders')
     p.add_argument('--out', default='outputs/spatial_vqa/eval', help='folder for results.json and the plot')
-    p.add_argument('--data', type=cli.location, default=None, help="override the run's data source (CIFAR folder or .npz)")
-    p.add_argument('--test-scenes', type=cli.positive_int, default=None, help="override the run's number of test scenes")
+    p.add_argument('--data', type=cli.location, default=None,
+                   help="override the run's data source (CIFAR folder or .npz)")
+    p.add_argument('--test-scenes', type=cli.positive_int, default=None,
+                   help="override the run's number of test scenes")
     cli.add_device_flags(p, batch_size=64)
     p = add_command('compare', 'train + eval several methods over seeds')
     p.add_argument('--methods', nargs='+', choices=POS_METHODS, default=list(POS_METHODS))
@@ -264,8 +271,8 @@ def validate(args: argparse.Namespace) -> None:
     if not fusion and args.image_pos not in (None, 'none'):
         raise ValueError('--image-pos is an option of --arch fusion (the single-stream model has no image encoder)')
     if fusion and 'goat' in methods and args.goat_prior_init == 'offsets':
-        raise ValueError("--goat-prior-init offsets is a 2D start; --arch fusion also builds GOAT's 1D question-decoder "
-                         'self-attention from it: use zero, random or alibi with --arch fusion')
+        raise ValueError("--goat-prior-init offsets is a 2D start; --arch fusion also builds GOAT's 1D "
+                         'question-decoder self-attention from it: use zero, random or alibi with --arch fusion')
     if fusion and args.image_attention != 'prefix':
         raise ValueError('--arch fusion encodes the image bidirectionally: --image-attention must be prefix')
     check_orders(args.train_orders, args.test_orders, (SCENE_SIZE // args.patch_size,) * 2)

@@ -353,10 +353,11 @@ def test_cli_help_and_grid(tmp_path, capsys):
 
 
 def test_cli_runs_as_a_module(tmp_path):
-    """``python -m vision_priors.recipes.data.builtin_scenes`` (warnings as errors: the package must not import it first)."""
+    """``python -m vision_priors.recipes.data.builtin_scenes`` (warnings as errors: the package must not import it
+    first)."""
     out = tmp_path / 'grid.png'
-    cmd = [sys.executable, '-W', 'error::RuntimeWarning', '-m', 'vision_priors.recipes.data.builtin_scenes', '--out', str(out),
-           '--resolution', '16', '--per-class', '1', '--task', 'clock']
+    cmd = [sys.executable, '-W', 'error::RuntimeWarning', '-m', 'vision_priors.recipes.data.builtin_scenes',
+           '--out', str(out), '--resolution', '16', '--per-class', '1', '--task', 'clock']
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f'saved {out}' in result.stdout and out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

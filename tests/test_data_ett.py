@@ -89,7 +89,8 @@ def test_time_features_for_known_dates():
 def test_generator_writes_ett_format(ett_hour_csv):
     table = read_series_csv(ett_hour_csv)
     assert table.columns == ['HUFL', 'HULL', 'MUFL', 'MULL', 'LUFL', 'LULL', 'OT'] and table.values.shape == (14400, 7)
-    assert str(table.dates[0]) == '2016-07-01 00:00:00' and (table.dates[1:] - table.dates[:-1] == pd.Timedelta('1h')).all()
+    assert (str(table.dates[0]) == '2016-07-01 00:00:00'
+            and (table.dates[1:] - table.dates[:-1] == pd.Timedelta('1h')).all())
     ot = table.values[:, -1] - table.values[:, -1].mean()
     daily = np.corrcoef(ot[:-24], ot[24:])[0, 1]
     assert daily > 0.5  # daily seasonality carried into the target

@@ -1,4 +1,5 @@
-"""vision_priors.recipes.data.image_folders: class-folder checks, StrictImages decoding, webdataset folder and split checks.
+"""vision_priors.recipes.data.image_folders: class-folder checks, StrictImages decoding, webdataset folder and split
+checks.
 
 Every fault-injection test writes the damaged folder or file into tmp_path and asserts the error type and
 that the message names the folder or file (and what was expected).
@@ -15,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vision_priors.recipes.data.image_folders import (StrictImages, check_image_folder, check_wds_folder, data_kind, wds_root,
-                                        wds_shards)
+from vision_priors.recipes.data.image_folders import (StrictImages, check_image_folder, check_wds_folder, data_kind,
+                                                      wds_root, wds_shards)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 IMAGENET_SAMPLES = SHARED_DATA / 'imagenet_samples'

@@ -1,4 +1,5 @@
-"""vision_priors.recipes.data.image_pools: CIFAR-10 batch and .npz readers, their checks on damaged files, built-in pools.
+"""vision_priors.recipes.data.image_pools: CIFAR-10 batch and .npz readers, their checks on damaged files, built-in
+pools.
 
 Every fault-injection test writes the damaged file into tmp_path and asserts the error type and that the
 message names the file (and the offending value where there is one).
@@ -12,8 +13,9 @@ from typing import Any, Dict, Optional
 import numpy as np
 import pytest
 
-from vision_priors.recipes.data.image_pools import (CIFAR_META_FILE, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES, SYNTHETIC_CLASSES,
-                                      check_labels, load_pools, read_cifar_batches, read_npz_pools, synthetic_pools)
+from vision_priors.recipes.data.image_pools import (CIFAR_META_FILE, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES,
+                                                    SYNTHETIC_CLASSES, check_labels, load_pools, read_cifar_batches,
+                                                    read_npz_pools, synthetic_pools)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 CIFAR_NPZ = SHARED_DATA / 'cifar10' / 'cifar10_test_10k_jpeg.npz'

@@ -166,8 +166,8 @@ def test_scene_checks():
 
 def test_build_sets_from_a_data_config():
     cfg = dict(data=None, data_seed=3, npz_test_fraction=0.2, synthetic_per_class=[3, 2], train_scenes=10,
-               val_scenes=5, test_scenes=6, patch_size=16, train_orders=['quad_row', 'quad_col'], test_orders=['snake', 'hilbert'],
-               flip=True)
+               val_scenes=5, test_scenes=6, patch_size=16, train_orders=['quad_row', 'quad_col'],
+               test_orders=['snake', 'hilbert'], flip=True)
     sets, vocab = vqa.build_sets(cfg, ['train', 'seen', 'unseen'])
     assert set(sets) == {'train', 'seen', 'unseen'} and len(sets['train']) == 10 and len(sets['unseen']) == 6
     assert sets['train'].train and sets['train'].flip and not sets['seen'].train

@@ -121,7 +121,8 @@ def test_compare_per_horizon_lengths(tiny_csv, tmp_path):
             assert config['model']['overrides']['seq_len'] == seq_len
             assert (config['args']['seq_len'], config['args']['label_len']) == (seq_len, label_len)
             assert 'seq_lens' not in config['args'] and 'label_lens' not in config['args']
-    assert {r['windows'] for r in result['rows'] if r['pred_len'] == 4} == {(60 + 12) - 12 - 4 + 1}  # test rows [228, 300)
+    assert {r['windows'] for r in result['rows']
+            if r['pred_len'] == 4} == {(60 + 12) - 12 - 4 + 1}  # test rows [228, 300)
     args = recipe.build_parser().parse_args(['compare', *tiny(tiny_csv), '--pred-lens', '4', '8', '--seq-lens', '12',
                                              '20'])
     recipe.validate(args)
@@ -208,7 +209,8 @@ def test_recipe_errors(tiny_csv, tmp_path):
         recipe.main(['train', *tiny(tiny_csv), '--data', str(bad), '--out', str(out)])
     with pytest.raises(ValueError, match=r'too few rows: the val split'):
         recipe.main(['train', *tiny(tiny_csv), '--pred-len', '40', '--out', str(out)])
-    with pytest.raises(ValueError, match=r'training samples < --batch-size 5000'):  # the loader, built before config.json
+    with pytest.raises(ValueError,
+                       match=r'training samples < --batch-size 5000'):  # the loader, built before config.json
         recipe.main(['train', *tiny(tiny_csv), '--batch-size', '5000', '--out', str(out)])
     assert not out.exists()  # nothing written by a rejected run
 

@@ -2,8 +2,8 @@
 
 For each spec of each kernel module's ``aot_specs()`` (see ``tools/aot.py``, development tooling outside the
 installed package) and each target it is meant for: ``triton.compile`` down to the cubin must succeed, a
-default configuration must not spill registers (``ptxas -v`` spill stores / loads == 0), and every configuration's shared memory must fit
-in a block (163 KiB on sm_80, 227 KiB on sm_90). Test ids are ``<spec name>-sm<capability>``.
+default configuration must not spill registers (``ptxas -v`` spill stores / loads == 0), and every configuration's
+shared memory must fit in a block (163 KiB on sm_80, 227 KiB on sm_90). Test ids are ``<spec name>-sm<capability>``.
 The cases compile once, in parallel worker processes (``VISION_PRIORS_AOT_JOBS``, default: the usable
 CPUs); ``VISION_PRIORS_AOT_FILTER=<regex>`` restricts them to matching spec names. To keep CI short, sm_80
 skips the bf16 and causal specs whose fp16 / non-causal twin it compiles (same tiles, stages and element size,

@@ -38,7 +38,6 @@ if not _CUDA and os.environ.get('TRITON_INTERPRET') != '1':
                 allow_module_level=True)
 triton = pytest.importorskip('triton')
 
-from vision_priors.kernels import _backend  # noqa: E402
 from vision_priors.kernels import lavo as K  # noqa: E402
 from vision_priors.kernels.lavo import lavo_local_2d  # noqa: E402
 from vision_priors.kernels.lavo_ref import lavo_local_2d_reference  # noqa: E402

@@ -64,7 +64,8 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
     expected = (math.exp(a) + 255) / math.exp(a)
     measured = recipe.perplexity(KnownNextByte(a), windows, 3, 'cpu')
     assert measured['ppl'] == pytest.approx(expected) and measured['tokens'] == 36
-    counting = [dict(tokens=torch.arange(5, 12), answer_start=4), dict(tokens=torch.tensor([1, 2, 3, 9]), answer_start=2)]
+    counting = [dict(tokens=torch.arange(5, 12), answer_start=4),
+                dict(tokens=torch.tensor([1, 2, 3, 9]), answer_start=2)]
     metrics = recipe.answer_accuracy(KnownNextByte(1.0), counting, 1, 'cpu')  # one length per batch
     assert metrics == dict(digit_accuracy=4 / 5, exact_match=0.5)  # the second item's last byte (9) is missed
 
@@ -99,7 +100,8 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match='is not a JSON dict'):
         recipe.main(['train', *tiny(), '--model-overrides', '[1]', '--out', r])
     # what torch or the constructor raise (negative sizes, a zero width, unknown options) names the flag too
-    with pytest.raises(ValueError, match=r'--model-overrides \{"mlp_ratio": -1\} cannot build the goat model: .*negative'):
+    with pytest.raises(ValueError,
+                       match=r'--model-overrides \{"mlp_ratio": -1\} cannot build the goat model: .*negative'):
         recipe.main(['train', *tiny(), '--model-overrides', '{"mlp_ratio": -1}', '--out', r])
     with pytest.raises(ValueError, match=r'--model-overrides \{"dim": 0\} cannot build the lavo model'):
         recipe.main(['train', *tiny(), '--methods', 'lavo', '--model-overrides', '{"dim": 0}', '--out', r])
@@ -213,7 +215,8 @@ def test_hidden_files_in_a_text_folder_do_not_refuse_resume_or_ppl(tmp_path):
     ppl = ['ppl', str(run), '--multiples', '1', '--eval-windows', '1', '--cpu']
     assert recipe.main([*ppl, '--out', str(tmp_path / 'ppl')])['rows'][0]['ppl']['1']['ppl'] > 1
     (folder / 'more.txt').write_text('more prose')
-    with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {folder}: files 1 -> 2')):
+    with pytest.raises(ValueError,
+                       match=re.escape(f'the data changed since run {run} was trained: {folder}: files 1 -> 2')):
         recipe.main([*ppl, '--out', str(tmp_path / 'ppl2')])
     assert not (tmp_path / 'ppl2').exists()
 

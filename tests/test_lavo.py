@@ -500,7 +500,8 @@ def test_mismatched_dims_are_errors():
         c(torch.randn(2, 3, 8), torch.randn(2, 5, DIM))
     with pytest.raises(ValueError, match='batch sizes differ'):
         c(torch.randn(2, 3, DIM), torch.randn(3, 5, DIM))
-    with pytest.raises(ValueError, match=r'key_mask must be a bool tensor of shape \(B, L\) = \(2, 5\) with True = valid key, got torch.bool \(2, 4\)'):
+    with pytest.raises(ValueError, match=r'key_mask must be a bool tensor of shape \(B, L\) = \(2, 5\) '
+                                         r'with True = valid key, got torch.bool \(2, 4\)'):
         c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match='bool'):
         c(torch.randn(2, 3, DIM), torch.randn(2, 5, DIM), torch.ones(2, 5))

@@ -166,7 +166,8 @@ def test_torchscript_and_fx_match_eager(self_attn, one_thread):
 
 def test_timm_conventions_layer_scale_norm_drop_path_checkpointing(one_thread):
     block = create_cross_block('goat', DIM, HEADS, cross_attn='lavo', attn_kwargs=dict(num_modes=2),
-                               init_values=1e-3, drop_path=0.5, norm_layer=partial(RmsNorm, eps=1e-6), dtype=torch.float64)
+                               init_values=1e-3, drop_path=0.5, norm_layer=partial(RmsNorm, eps=1e-6),
+                               dtype=torch.float64)
     assert isinstance(block.ls_cross, LayerScale) and torch.all(block.ls_cross.gamma == torch.tensor(1e-3).double())
     assert all(isinstance(m, RmsNorm) for m in (block.norm1, block.norm_cross, block.norm2))
     x, context, coords, mask = _inputs(4)
@@ -212,7 +213,8 @@ def test_fusion_cross_attention_benchmark_smoke_run(one_thread, capsys):
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / 'benchmarks'))
     try:
-        spec = importlib.util.spec_from_file_location('bench_fusion', root / 'benchmarks' / 'bench_fusion_cross_attention.py')
+        spec = importlib.util.spec_from_file_location('bench_fusion',
+                                                      root / 'benchmarks' / 'bench_fusion_cross_attention.py')
         bench = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bench)
     finally:

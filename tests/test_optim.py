@@ -1,4 +1,5 @@
-"""``vision_priors.optim.prior_param_groups``: the positional priors get their own learning rate, nothing else changes."""
+"""``vision_priors.optim.prior_param_groups``: the positional priors get their own learning rate, nothing else
+changes."""
 import functools
 
 import pytest

@@ -1,4 +1,5 @@
-"""PCN completion recipe on the shared layer: train, kill + resume (bit-exact), eval tables, compare, complete, errors."""
+"""PCN completion recipe on the shared layer: train, kill + resume (bit-exact), eval tables, compare, complete,
+errors."""
 import json
 import re
 from pathlib import Path
@@ -79,7 +80,8 @@ def test_recipe_errors(builtin_root, tmp_path):
         recipe.main(['train', *tiny(builtin_root), '--model-overrides', '[1]', '--out', str(tmp_path / 'r')])
     with pytest.raises(ValueError, match=r'--model-overrides \{"embed_dim": -3\} cannot build the pointr_cpu model '
                                          r'with --cross-attn lavo: embed_dim must be an integer >= 1'):
-        recipe.main(['train', *tiny(builtin_root), '--model-overrides', '{"embed_dim": -3}', '--out', str(tmp_path / 'r')])
+        recipe.main(['train', *tiny(builtin_root), '--model-overrides', '{"embed_dim": -3}',
+                     '--out', str(tmp_path / 'r')])
     with pytest.raises(ValueError, match=r'--model-overrides \{"bogus": 1\} cannot build the pointr_cpu model with '
                                          r'--cross-attn vanilla: unknown override'):
         recipe.main(['compare', *tiny(builtin_root), '--cross-attns', 'vanilla', '--model-overrides', '{"bogus": 1}',

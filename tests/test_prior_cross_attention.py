@@ -257,7 +257,8 @@ def test_block_cross_path_uses_query_and_context_coordinates(cross_attn, one_thr
     positions = torch.arange(N, dtype=torch.float64)[:, None]
     out = block(x, context, positions, context_mask=mask, context_coords=context_coords, cross_coords=cross_coords)
     h = x + block.ls1(block.attn(block.norm1(x), positions))
-    h = h + block.ls_cross(reference(block.cross_attn, block.norm_cross(h), context, cross_coords, context_coords, mask))
+    h = h + block.ls_cross(reference(block.cross_attn, block.norm_cross(h), context, cross_coords, context_coords,
+                                     mask))
     ref = h + block.ls2(block.mlp(block.norm2(h)))
     torch.testing.assert_close(out, ref, **TOL)
     _assert_same_grads(out, ref, [x, context] + list(block.cross_attn.parameters()))

@@ -12,8 +12,8 @@ import torch
 from run_helpers import final_weights
 from vision_priors.recipes import spatial_vqa as recipe
 from vision_priors.recipes.data.image_pools import read_npz_pools
-from vision_priors.recipes.data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, QUESTION_TYPES, SceneQuestions,
-                                     Vocabulary, scan_order)
+from vision_priors.recipes.data.vqa_scenes import (DEFAULT_TEST_ORDERS, DEFAULT_TRAIN_ORDERS, QUESTION_TYPES,
+                                                   SceneQuestions, Vocabulary, scan_order)
 from vision_priors.layers import grid_coords
 from vision_priors.models import SpatialVQATransformer, vqa_attention_mask, vqa_text_coords
 

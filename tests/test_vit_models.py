@@ -173,7 +173,8 @@ def test_safetensors_roundtrip_through_pretrained_cfg_overlay(name, tmp_path):
     path = tmp_path / 'weights.safetensors'
     save_file(model.state_dict(), str(path))
     loaded = timm.create_model(
-        name, depth=2, num_classes=10, pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10)).eval()
+        name, depth=2, num_classes=10, pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(path), num_classes=10)).eval()
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)

@@ -41,7 +41,8 @@ from torch.utils.data import Dataset
 
 from ..cli import parse_checked
 
-__all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'RenderedScenes', 'make_scene', 'render_scene', 'scene_seed']
+__all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'RenderedScenes',
+           'make_scene', 'render_scene', 'scene_seed']
 
 CLASSES = [
     'row', 'column', 'diagonal', 'row_big_middle', 'tower', 'inverted_tower',
@@ -414,8 +415,8 @@ class SpatialScenes(Dataset):
     degrees clockwise from up for class k (``CLOCK_CLASSES``: 12, 1, ..., 11 o'clock); translated
     uniformly inside the unit square.
 
-    ``task='layouts'``: every scene has exactly three parts of random kind (disc / square / pentagon), rotation and colour
-    (RGB distance >= 0.4 from both background colours, >= 0.35 from each other) on a random gradient with
+    ``task='layouts'``: every scene has exactly three parts of random kind (disc / square / pentagon), rotation and
+    colour (RGB distance >= 0.4 from both background colours, >= 0.35 from each other) on a random gradient with
     smooth waves; the configuration is translated uniformly inside the unit square (y grows downward).
 
     Terms: a part's size s is the radius of the disc of equal area (so equal sizes look equally big); its

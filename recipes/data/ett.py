@@ -97,7 +97,8 @@ def read_series_csv(path: PathLike, features: str = 'M', target: str = 'OT') -> 
         bad = np.flatnonzero(~np.isfinite(numbers))
         if len(bad):
             row = int(bad[0])
-            what = 'empty / NaN cell' if text.iloc[row].lower() in ('', 'nan', 'na', 'null', 'none') else 'not a finite number'
+            what = ('empty / NaN cell' if text.iloc[row].lower() in ('', 'nan', 'na', 'null', 'none')
+                    else 'not a finite number')
             raise ValueError(f'{path}: {_where(row)}, column {name!r}: {what} ({frame[name].iloc[row]!r}); '
                              f'{len(bad)} such cell(s) in that column')
         values[:, j] = numbers
@@ -198,7 +199,8 @@ def time_features(dates: pd.DatetimeIndex, freq: str = 'h', timeenc: int = 1) ->
         if freq.lower() not in keep:
             raise ValueError(f'timeenc 0 needs an Informer frequency letter {sorted(keep)}, got {freq!r}')
         names = keep[freq.lower()]
-        return np.stack([np.asarray(columns[n], dtype=np.float64) for n in names], 1) if names else np.zeros((len(dates), 0))
+        return (np.stack([np.asarray(columns[n], dtype=np.float64) for n in names], 1) if names
+                else np.zeros((len(dates), 0)))
     if timeenc != 1:
         raise ValueError(f'timeenc must be 0 or 1, got {timeenc!r}')
     encoders = {
@@ -279,7 +281,8 @@ class ForecastSeries:
         for split, (begin, end) in self.borders.items():
             if end - begin < seq_len + pred_len:
                 raise ValueError(f'{path}: too few rows: the {split} split has rows [{begin}, {end}) = {end - begin} '
-                                 f'rows, fewer than seq_len + pred_len = {seq_len} + {pred_len} (of {len(table.values)} rows)')
+                                 f'rows, fewer than seq_len + pred_len = {seq_len} + {pred_len} '
+                                 f'(of {len(table.values)} rows)')
         train_begin, train_end = self.borders['train']
         train = table.values[train_begin:train_end]
         self.mean = train.mean(0) if scale else np.zeros(len(self.columns))

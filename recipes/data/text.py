@@ -18,8 +18,9 @@ Synthetic tasks:
   * passkey (GOAT Fig. 3, after Mohtashami & Jaggi): filler sentences with `` The pass key is NNNNN. Remember
     it. `` at a relative depth, then `` What is the pass key? The pass key is NNNNN``; the model must produce
     the 5 key digits (81 fixed bytes, so any length >= 81 works).
-  * indirect indexing (PoPE Sec. 4, App. B.1): ``<20-40 distinct letters of a-z, A-Z>|<anchor><sign><2 digits>=<target>``,
-    the target being the letter at (anchor's position + offset), offset in -15..+15 (never 0, always inside).
+  * indirect indexing (PoPE Sec. 4, App. B.1):
+    ``<20-40 distinct letters of a-z, A-Z>|<anchor><sign><2 digits>=<target>``, the target being the letter at
+    (anchor's position + offset), offset in -15..+15 (never 0, always inside).
     ``IndexSpec`` sets the letter counts, the largest offset and the layout: ``'anchor-offset'`` (the above) or
     ``'offset-anchor'`` (``<letters>|<sign><2 digits><anchor><target>``: the anchor is the byte the target is
     predicted from, as in an induction head's lookup).
@@ -148,7 +149,8 @@ def split_corpus(docs: Sequence[Document], val_fraction: float = 0.1, block_byte
     num_val = round(val_fraction * num_blocks)
     if num_val < 1 or num_val >= num_blocks:
         raise ValueError(f'the corpus has {len(stream)} bytes = {num_blocks} blocks of {block_bytes}: too few for a '
-                         f'{val_fraction:.0%} validation split with a block in each part; add text or lower --block-bytes')
+                         f'{val_fraction:.0%} validation split with a block in each part; '
+                         'add text or lower --block-bytes')
     order = np.random.default_rng(seed).permutation(num_blocks)
     val_ids = sorted(int(i) for i in order[:num_val])
     is_val = np.zeros(num_blocks, dtype=bool)

@@ -397,7 +397,8 @@ class GoatAttention(nn.Module):
         self.content_dim = content_dim
         self.num_spatial_dims = num_spatial_dims
         self.num_prefix_tokens = num_prefix_tokens
-        self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+        self.grid_size: Optional[Tuple[int, int]] = (None if grid_size is None
+                                                     else (int(grid_size[0]), int(grid_size[1])))
         self.content_scale = content_dim ** -0.5
         self.fused_attn = fused_attn
         self.kernel_backend = check_kernel_backend(kernel_backend)

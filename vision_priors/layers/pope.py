@@ -386,7 +386,8 @@ class PopeAttention(nn.Module):
         self.head_dim = head_dim
         self.num_spatial_dims = num_spatial_dims
         self.num_prefix_tokens = num_prefix_tokens
-        self.grid_size: Optional[Tuple[int, int]] = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+        self.grid_size: Optional[Tuple[int, int]] = (None if grid_size is None
+                                                     else (int(grid_size[0]), int(grid_size[1])))
         self.scale = head_dim ** -0.5
         self.fused_attn = fused_attn
         self.kernel_backend = check_kernel_backend(kernel_backend)
@@ -407,8 +408,8 @@ class PopeAttention(nn.Module):
     @torch.jit.unused
     def _flash_attention(self, q: Tensor, k: Tensor, v: Tensor, coords: Tensor, key_mask: Optional[Tensor],
                          is_causal: bool) -> Tensor:
-        """The fused Triton kernel (``vision_priors.kernels.flash_prior``, PoPE mode): softplus magnitudes and phases are
-        applied per tile in-kernel, so the width-2d q/k features are never materialised."""
+        """The fused Triton kernel (``vision_priors.kernels.flash_prior``, PoPE mode): softplus magnitudes and phases
+        are applied per tile in-kernel, so the width-2d q/k features are never materialised."""
         from vision_priors.kernels.flash_prior import flash_prior_attention
         phases = self.phases
         exponents = torch.arange(phases.per_axis, dtype=coords.dtype, device=coords.device) / phases.per_axis

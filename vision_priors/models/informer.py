@@ -362,7 +362,8 @@ class Informer(nn.Module):
         if cross_attn not in CROSS_ATTENTIONS:
             raise ValueError(f'cross_attn must be one of {CROSS_ATTENTIONS}, got {cross_attn!r}')
         if not 0 <= label_len <= seq_len or pred_len < 1:
-            raise ValueError(f'need 0 <= label_len <= seq_len and pred_len >= 1, got {seq_len}, {label_len}, {pred_len}')
+            raise ValueError('need 0 <= label_len <= seq_len and pred_len >= 1, '
+                             f'got {seq_len}, {label_len}, {pred_len}')
         self.seq_len, self.label_len, self.pred_len = seq_len, label_len, pred_len
         self.attn, self.cross_attn = attn, cross_attn
         self.enc_embedding = DataEmbedding(enc_in, d_model, mark_dim, dropout)

@@ -22,7 +22,6 @@ only: beta fixed at 0; key default only: alpha = beta = 0), ``goat_modes`` (R), 
 PoPE ``pope_magnitude='softplus' | 'relu' | 'identity'`` and ``pope_learn_delta`` (Table 5); LAVO
 ``lavo_epe`` and ``lavo_context_dissection``.
 """
-import math
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -68,8 +67,9 @@ class SoftmaxCausalAttention(nn.Module):
     """
 
     def __init__(self, attn: str, dim: int, num_heads: int, qkv_bias: bool = False, goat_modes: int = 4,
-                 goat_relative: str = 'full', goat_key_linear: bool = True, goat_kwargs: Optional[Dict[str, Any]] = None,
-                 pope_magnitude: str = 'softplus', pope_learn_delta: bool = True, rope_theta: float = 10000.0) -> None:
+                 goat_relative: str = 'full', goat_key_linear: bool = True,
+                 goat_kwargs: Optional[Dict[str, Any]] = None, pope_magnitude: str = 'softplus',
+                 pope_learn_delta: bool = True, rope_theta: float = 10000.0) -> None:
         super().__init__()
         if goat_relative not in GOAT_RELATIVE:
             raise ValueError(f'goat_relative must be one of {GOAT_RELATIVE}, got {goat_relative!r}')

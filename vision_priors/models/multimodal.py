@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from timm.layers import Attention, DropPath, LayerScale, Mlp
+from timm.layers import Attention, DropPath, LayerScale
 from timm.models import register_notrace_function, register_notrace_module
 
 from vision_priors.kernels._backend import check_key_mask

@@ -26,9 +26,9 @@ having to learn that routing bilinearly from the features. The decoder's self-at
 within-question positions t.
 
 Image positions (``image_pos``): ``'none'`` (default) leaves position to the encoder's attention only. The
-content cross-attentions (``'softmax'``, ``'lavo'``) have no positional term, and LAVO's compression averages over the image, so with
-``'none'`` a question can reach a region only through what the encoder writes into the token features (with a
-relative prior: mostly boundary effects). ``'sincos'`` adds fixed 2D sin / cos features of the canonical (x, y)
+content cross-attentions (``'softmax'``, ``'lavo'``) have no positional term, and LAVO's compression averages over the
+image, so with ``'none'`` a question can reach a region only through what the encoder writes into the token features
+(with a relative prior: mostly boundary effects). ``'sincos'`` adds fixed 2D sin / cos features of the canonical (x, y)
 (:func:`coordinate_features`, as MAE's 2D sin-cos table but per token) to the patch embeddings, so every image
 token carries its absolute position into its features, which both cross-attentions can read. ``'rotary'``
 rotates the *encoded* image tokens by their canonical (x, y) before the cross-attention (axial 2D rotary
@@ -74,7 +74,8 @@ def coordinate_features(coords: Tensor, dim: int, temperature: float = 10000.) -
     return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)
 
 
-def question_self_attention_mask(num_questions: int, question_len: int, device: Optional[torch.device] = None) -> Tensor:
+def question_self_attention_mask(num_questions: int, question_len: int,
+                                 device: Optional[torch.device] = None) -> Tensor:
     """(Q T, Q T) bool, True = may attend: causal inside each question, nothing across questions."""
     causal = torch.ones(question_len, question_len, dtype=torch.bool, device=device).tril()
     return torch.block_diag(*([causal] * num_questions))
