@@ -333,9 +333,15 @@ def test_jax_weight_init_restarts_every_default_model_alike():
                 assert torch.equal(value, before[key]), (name, key)
 
 
-def test_weight_init_is_recorded_and_a_changed_one_refuses_resume(image_folder, tmp_path):
+def test_weight_init_is_recorded_and_a_changed_one_refuses_resume(image_folder, tmp_path, monkeypatch):
+    calls = []
+    real_init = recipe.init_weights
+    monkeypatch.setattr(recipe, 'init_weights', lambda model, mode: calls.append(mode) or real_init(model, mode))
+    recipe.main(_train_args(tmp_path / 'default', str(image_folder), '--updates', '1'))
+    assert calls == ['jax']  # the default start is applied to the trained model
     run = tmp_path / 'run'
     recipe.main(_train_args(run, str(image_folder), '--updates', '2', '--stop-after', '1', '--weight-init', 'timm'))
+    assert calls == ['jax', 'timm']
     assert json.loads((run / 'config.json').read_text())['args']['weight_init'] == 'timm'
     config_before = (run / 'config.json').read_bytes()
     with pytest.raises(ValueError, match=r'settings differ .*weight_init'):
