@@ -89,6 +89,9 @@ BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, globa
                          init_values=1.0)
 EVAL_ONLY_FLAGS = ('eval_res',)  # a resumed run may change them
 WEIGHT_INITS = ('jax', 'timm')
+# A run's config records its GOAT ViT's top frequency (``goat_max_freq``), which follows the training grid; runs
+# stored before that record (stop 44) had 0.4 rad per patch on every grid, and are rebuilt so.
+LEGACY_GOAT_MAX_FREQ = 0.4
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -442,7 +445,8 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     init_weights(model, args.weight_init)
     init_abs_pos_embed(model, args.abs_pos_init)
     config = dict(model=name, model_kwargs=kwargs, seed=seed, data=args.data, data_kind=data_kind(args.data),
-                  args=run_settings(args), data_fingerprint=data_fingerprints(data_paths(args.data)))
+                  args=run_settings(args), data_fingerprint=data_fingerprints(data_paths(args.data)),
+                  goat_max_freq=getattr(model, 'goat_max_freq', None))
     if map_style:
         loader = train_loader(train_data, args.batch_size, seed, args.num_workers)
     else:  # webdataset: split per rank by timm's reader, never re-split by prepare
@@ -492,6 +496,10 @@ def load_for_eval(source: str, args: argparse.Namespace,
         run = load_finished_run(Path(source), 'resolution_extrapolation', reads=reads)
         kwargs = dict(run.config['model_kwargs'], img_size=tuple(run.config['model_kwargs']['img_size']))
         model = build_model(run.config['model'], kwargs)
+        trained_max_freq = run.config.get('goat_max_freq', LEGACY_GOAT_MAX_FREQ)
+        if getattr(model, 'goat_max_freq', None) not in (None, trained_max_freq):  # the run's ladder, not today's
+            attn_kwargs = dict(kwargs.get('attn_kwargs') or {}, max_freq=trained_max_freq)
+            model = build_model(run.config['model'], dict(kwargs, attn_kwargs=attn_kwargs))
         model.load_state_dict(run.state_dict)
         return run.config['model'], model, run.config
     if source in timm.list_models():

@@ -352,6 +352,34 @@ def test_weight_init_is_recorded_and_a_changed_one_refuses_resume(image_folder, 
     assert not (tmp_path / 'bad').exists()
 
 
+def test_goat_top_frequency_is_recorded_and_eval_rebuilds_the_trained_ladder(image_folder, tmp_path, monkeypatch):
+    """A GOAT ViT's default top frequency follows its training grid; the run's config records the value, and eval
+    rebuilds that ladder even where today's default differs (a run stored before the record had 0.4)."""
+    from vision_priors.models import vision_transformer_priors as vit_module
+    run = tmp_path / 'run'
+    patch4 = json.dumps(dict(embed_dim=64, depth=1, num_heads=1, patch_size=4))  # 32 px: an 8 x 8 grid
+    recipe.main(['train', '--model', 'vit_tiny_patch16_goat_224', '--data', str(image_folder), '--out', str(run),
+                 '--size-overrides', patch4, '--train-res', '32', '--batch-size', '4', '--cpu', '--updates', '1'])
+    config = json.loads((run / 'config.json').read_text())
+    assert config['goat_max_freq'] == pytest.approx(0.4 * 7 / 15) == vit_module.vit_goat_max_freq((8, 8))
+    args = recipe.build_parser().parse_args(['eval', str(run), '--data', str(image_folder), '--cpu'])
+
+    def ladder_top(model) -> float:
+        return model.blocks[0].attn.prior.max_freq
+
+    _, model, _ = recipe.load_for_eval(str(run), args)
+    assert ladder_top(model) == config['goat_max_freq']
+    monkeypatch.setattr(vit_module, 'vit_goat_max_freq', lambda grid: 1.0)  # a later, different default
+    _, model, _ = recipe.load_for_eval(str(run), args)
+    assert ladder_top(model) == model.goat_max_freq == config['goat_max_freq']
+    del config['goat_max_freq']  # a run stored before the record: trained with 0.4 on every grid
+    (run / 'config.json').write_text(json.dumps(config))
+    _, model, _ = recipe.load_for_eval(str(run), args)
+    assert ladder_top(model) == recipe.LEGACY_GOAT_MAX_FREQ == 0.4
+    _, fresh, _ = recipe.load_for_eval('vit_small_patch16_rope_224', args)  # models without the ladder: untouched
+    assert getattr(fresh, 'goat_max_freq', None) is None
+
+
 def test_builtin_scenes_are_rendered_once_per_process():
     from vision_priors.recipes.data.builtin_scenes import SpatialScenes
     args = recipe.build_parser().parse_args(['train', '--train-samples', '24', '--val-samples', '12'])

@@ -213,3 +213,20 @@ def test_fusion_train_resume_eval_and_compare_both_architectures(tmp_path):
     results = json.loads((pos / 'results.json').read_text())
     assert list(results['summary']) == ['goat-fusion-goat', 'pope-fusion-pope']
     assert '| pope-fusion-pope |' in results['table_markdown']
+
+
+def test_goat_encoder_keeps_its_top_frequency_on_every_grid(one_thread):
+    """The fusion model's GOAT image encoder keeps 0.4 rad per patch on any scene grid (the ViTs' grid-dependent
+    default is for extrapolating to larger grids, which these scenes never do); an explicit ``max_freq`` wins, and
+    the question decoder's 1D prior keeps the layer's own ladder."""
+    for grid in ((4, 4), (8, 8), (2, 2)):
+        model = SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=grid, embed_dim=32, depth=1,
+                                 num_heads=2)
+        assert all(block.attn.prior.max_freq == 0.4 for block in model.image_blocks)
+    model = SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(8, 8), embed_dim=32, depth=1,
+                             num_heads=2, goat_kwargs=dict(max_freq=0.25))
+    assert model.image_blocks[0].attn.prior.max_freq == 0.25
+    default_1d = SpatialVQAFusion('goat', vocab_size=12, patch_dim=6, grid_size=(8, 8), embed_dim=32, depth=1,
+                                  num_heads=2)
+    decoder_priors = [m for m in default_1d.decoder_blocks.modules() if hasattr(m, 'max_freq')]
+    assert decoder_priors and all(p.max_freq == 1.0 for p in decoder_priors)

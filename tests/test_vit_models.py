@@ -1,4 +1,6 @@
 """Our ViTs against timm's model contract, offline (timm's own suite runs in test_timm_suite.py)."""
+import math
+
 import pytest
 import torch
 import timm
@@ -210,12 +212,33 @@ def test_training_after_inference_mode_at_a_new_size(name):
         torch.testing.assert_close(model(x), ref)
 
 
+@pytest.mark.parametrize('img_size,patch_size,side', [(32, 8, 4), (32, 4, 8), (48, 8, 6), (224, 16, 14),
+                                                     ((32, 64), 8, 8), ((40, 24), 8, 5)])
+def test_goat_vit_top_frequency_follows_the_training_grid(img_size, patch_size, side):
+    """max_freq = 0.4 * 7 / (2 G - 1) for a G-patch longer side: the top mode turns 2.8 rad (< pi) over the
+    largest offset of a grid twice the training one, so no offset up to 2x aliases; 0.4 exactly on 4 x 4."""
+    from vision_priors.models.vision_transformer_priors import vit_goat_max_freq
+    model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=img_size,
+                              patch_size=patch_size, num_classes=0)
+    assert model.goat_max_freq == model.blocks[0].attn.prior.max_freq == vit_goat_max_freq((side, side))
+    assert model.goat_max_freq == pytest.approx(2.8 / (2 * side - 1), rel=1e-12)
+    assert model.goat_max_freq * (2 * side - 1) < math.pi  # the 2x grid's largest offset does not alias
+    assert vit_goat_max_freq((4, 4)) == 0.4
+    model.set_input_size(img_size=(patch_size * 3 * side, patch_size * 3 * side))  # a later grid: same ladder
+    assert model.blocks[0].attn.prior.max_freq == model.goat_max_freq
+    for other in ('pope', 'lavo'):
+        assert timm.create_model(f'vit_tiny_patch16_{other}_224', embed_dim=48, depth=1, num_heads=2,
+                                 img_size=32, patch_size=8).goat_max_freq is None
+    with pytest.raises(ValueError, match='grid_size must be positive'):
+        vit_goat_max_freq((0, 0))
+
+
 def test_goat_vit_prior_is_relative_by_default():
     """The ViTs' GOAT has no key-default MLP (``VIT_GOAT_DEFAULTS``), so every block's logits depend on patch
     coordinates only through their differences: shifting the whole grid changes nothing, the property that lets
     the model run on grids larger than its training grid without leaving the prior's training range."""
     from vision_priors.models.vision_transformer_priors import VIT_GOAT_DEFAULTS
-    assert VIT_GOAT_DEFAULTS == dict(key_mlp_hidden=0, max_freq=0.4)
+    assert VIT_GOAT_DEFAULTS == dict(key_mlp_hidden=0)
     model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
                               patch_size=8, class_token=False, global_pool='avg', num_classes=0).double()
     attn = model.blocks[0].attn
@@ -235,10 +258,12 @@ def test_goat_vit_prior_is_relative_by_default():
 
 
 def test_goat_vit_frequency_ladder_tops_at_max_freq():
-    """The 2D ViTs' GOAT ladder is w_r = 0.4 * 100^(-r / R) per axis (``max_freq``), in every block; the layer's
-    own default stays the paper's ladder (w_0 = 1), and an explicit ``max_freq`` overrides the ViTs' default."""
+    """The 2D ViTs' GOAT ladder is w_r = max_freq * 100^(-r / R) per axis, in every block, with max_freq 0.4 on a
+    4 x 4 training grid; the layer's own default stays the paper's ladder (w_0 = 1), and an explicit ``max_freq``
+    overrides the ViTs' default."""
     model = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=2, num_heads=2, img_size=32,
                               patch_size=8, num_classes=0)
+    assert model.goat_max_freq == 0.4
     R = model.blocks[0].attn.prior.num_modes
     expected = torch.tensor([0.4 * 100.0 ** (-r / R) for r in range(R)], dtype=torch.float64).expand(2, R)
     for block in model.blocks:
@@ -249,6 +274,7 @@ def test_goat_vit_frequency_ladder_tops_at_max_freq():
     assert paper[0, 0].item() == 1.0
     learned = timm.create_model('vit_tiny_patch16_goat_224', embed_dim=48, depth=1, num_heads=2, img_size=32,
                                 patch_size=8, attn_kwargs=dict(learn_freqs=True, max_freq=0.25))
+    assert learned.goat_max_freq == 0.25
     torch.testing.assert_close(learned.blocks[0].attn.prior.log_freqs.exp().double(),
                                (expected * 0.25 / 0.4), rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match='max_freq must be a finite number > 0'):

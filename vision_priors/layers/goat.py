@@ -83,8 +83,8 @@ class GoatPrior(nn.Module):
         freq_base: Ladder w_r = max_freq * freq_base^(-r / R), r = 0..R-1 (radians per coordinate unit).
             Default 10000 in 1D and 100 in 2D (patch grids are short).
         max_freq: w_0, the top of the ladder (default 1, the paper's ladder). A mode turns max_freq * d radians
-            over an offset d, so offsets past pi / max_freq alias onto shorter ones; the 2D ViTs use 0.4
-            (README, main-job ablation).
+            over an offset d, so offsets past pi / max_freq alias onto shorter ones; the 2D ViTs set it from
+            their patch grid (``vit_goat_max_freq``: 0.4 on 4 x 4; README, main-job ablation).
         learn_freqs: Learn the frequencies (log-parametrised, Table 4 'Learned') instead of fixing them.
         prior_init: 'zero' (uniform prior at init), 'random' (alpha, beta ~ N(0, init_std^2) from a
             seeded generator) or 'alibi' (recency start: key-linear slopes in the causal 1D case,

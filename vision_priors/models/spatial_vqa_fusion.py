@@ -167,11 +167,14 @@ class SpatialVQAFusion(nn.Module):
         self.patch_embed = nn.Linear(patch_dim, embed_dim)
         # the image tokens arrive as patch vectors: a 1x1-patch ViT over the (rows, cols) grid gives the timm
         # model the grid; only its blocks and final norm are kept
+        # the scenes' grid never grows, so the GOAT encoder keeps the 0.4 rad per patch top frequency it was
+        # measured with on every grid (the ViTs' grid-dependent default serves extrapolation to larger grids)
+        encoder_kwargs = dict({'max_freq': 0.4} if pos_method == 'goat' else {}, **method_kwargs)
         vit = timm.create_model(
             f'vit_tiny_patch16_{pos_method}_224', img_size=self.grid_size, patch_size=1, in_chans=1,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
             class_token=False, global_pool='', num_classes=0, drop_path_rate=drop_path_rate,
-            attn_kwargs=method_kwargs)
+            attn_kwargs=encoder_kwargs)
         self.image_blocks = vit.blocks
         self.image_norm = vit.norm
 

@@ -9,6 +9,7 @@ Eqs. 3-6, applied axis-wise over (x, y)); LAVO (non-causal self-attention with a
 the patch grid, and ``global_pool='lavo'``: learned queries cross-attend to the compressed patches,
 Sec. 3.4), which makes the whole model linear in the number of patches.
 """
+import inspect
 from contextlib import nullcontext
 from functools import lru_cache, partial
 from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
 import torch
 from torch import Tensor, nn
 
-from timm.layers import DropPath, LayerScale, Mlp
+from timm.layers import DropPath, LayerScale, Mlp, to_2tuple
 from timm.models import (
     build_model_with_cfg, generate_default_cfgs, register_model, register_notrace_function, register_notrace_module)
 from timm.models._features import feature_take_indices
@@ -26,7 +27,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..layers import GoatAttention, LavoAttention, LavoCrossAttention, PopeAttention, grid_coords
 
-__all__ = ['PriorBlock', 'LavoBlock', 'LavoPool', 'PriorVisionTransformer', 'patch_grid_coords']
+__all__ = ['PriorBlock', 'LavoBlock', 'LavoPool', 'PriorVisionTransformer', 'patch_grid_coords', 'vit_goat_max_freq']
 
 POSITIONAL_ATTENTION = {'goat': GoatAttention, 'pope': PopeAttention, 'lavo': LavoAttention}
 
@@ -204,9 +205,30 @@ class LavoPool(nn.Module):
 # term whose inputs leave their training range when the patch grid grows, where it extrapolates arbitrarily. The
 # README's ablation (main job, 3 seeds): with the MLP 96.9 +- 4.6 / 63.3 +- 30.9 / 47.6 +- 32.4 % at 1x / 1.5x / 2x,
 # without it 99.8 +- 0.2 / 93.7 +- 4.1 / 85.3 +- 8.9 %. ``attn_kwargs=dict(key_mlp_hidden=32)`` restores it.
-# The top mode turns 0.4 rad per patch (``max_freq``; the ladder's 1 rad per patch makes an offset of 6 patches look
-# like one of 0 to it): over 6 seeds 97.6 / 90.8 % at 1.5x / 2x against 92.5 / 74.6 % (README, same ablation).
-VIT_GOAT_DEFAULTS: Dict[str, Any] = dict(key_mlp_hidden=0, max_freq=0.4)
+VIT_GOAT_DEFAULTS: Dict[str, Any] = dict(key_mlp_hidden=0)
+# The ladder's top frequency (``max_freq``) follows the training grid: see ``vit_goat_max_freq``.
+
+
+def vit_goat_max_freq(grid_size: Tuple[int, int]) -> float:
+    """The GOAT ViTs' default top frequency (rad per patch) for a model built on a ``grid_size`` patch grid.
+
+    0.4 on a 4 x 4 grid, scaled by 7 / (2 G - 1) on a G x G one (G the longer side): the top mode turns
+    2.8 rad (< pi) over the largest offset of a grid twice the training one (2 G - 1 patches), so no offset up
+    to 2x the training grid aliases onto a shorter one. The paper's ladder (1 rad per patch) and a fixed 0.4 alias
+    there (README ablations, main job: max_freq 1 vs 0.4 on a 4 x 4 grid, 74.6 vs 90.8 % at 2x over six seeds;
+    0.4 vs 0.2 on an 8 x 8 grid, 50.7 +- 40.5 vs 85.0 +- 8.0 % at 2x over three)."""
+    side = max(int(grid_size[0]), int(grid_size[1]))
+    if side < 1:
+        raise ValueError(f'grid_size must be positive, got {tuple(grid_size)}')
+    return 0.4 * (7.0 / (2 * side - 1))
+
+
+def _patch_grid(vit_kwargs: Dict[str, Any]) -> Tuple[int, int]:
+    """The patch grid a ``VisionTransformer`` built with ``vit_kwargs`` starts on (timm's defaults otherwise)."""
+    defaults = inspect.signature(VisionTransformer.__init__).parameters
+    img = to_2tuple(vit_kwargs.get('img_size', defaults['img_size'].default))
+    patch = to_2tuple(vit_kwargs.get('patch_size', defaults['patch_size'].default))
+    return img[0] // patch[0], img[1] // patch[1]
 
 
 class PriorVisionTransformer(VisionTransformer):
@@ -216,8 +238,10 @@ class PriorVisionTransformer(VisionTransformer):
         pos_attn: 'goat' or 'pope'.
         attn_kwargs: Extra options of the attention layer (e.g. ``num_modes``, ``prior_init``,
             ``freq_base``, ``learn_freqs`` for GOAT; ``freq_base``, ``learn_bias`` for PoPE). GOAT starts from
-            ``VIT_GOAT_DEFAULTS`` (no key-default MLP: a purely relative 2D prior that extrapolates to larger grids;
-            top frequency 0.4 rad per patch, so offsets up to 7 patches do not alias).
+            ``VIT_GOAT_DEFAULTS`` (no key-default MLP: a purely relative 2D prior that extrapolates to larger grids)
+            and a top frequency set by the patch grid of ``img_size`` (``vit_goat_max_freq``: 0.4 rad per patch
+            on 4 x 4, about 0.1 on 14 x 14), so offsets up to twice the grid do not alias; ``goat_max_freq``
+            holds the value used.
         dynamic_img_size: Accept any input size divisible by the patch (default True: these
             models have nothing to resample).
         **kwargs: Everything timm's ``VisionTransformer`` accepts, except a learned ``pos_embed``
@@ -240,8 +264,12 @@ class PriorVisionTransformer(VisionTransformer):
         if kwargs.get('patch_drop_rate', 0.) > 0:
             raise ValueError('patch_drop_rate > 0 is not supported: it would need per-sample token coordinates')
         num_prefix_tokens = int(kwargs.get('class_token', True)) + int(kwargs.get('reg_tokens', 0))
+        goat_max_freq = None
         if pos_attn == 'goat':
             attn_kwargs = dict(VIT_GOAT_DEFAULTS, **(attn_kwargs or {}))
+            if 'max_freq' not in attn_kwargs:
+                attn_kwargs['max_freq'] = vit_goat_max_freq(_patch_grid(kwargs))
+            goat_max_freq = float(attn_kwargs['max_freq'])
         if pos_attn == 'lavo':
             attn_layer = partial(_lavo_attention, num_prefix_tokens=num_prefix_tokens, **(attn_kwargs or {}))
             block_fn: Type[nn.Module] = LavoBlock
@@ -258,6 +286,7 @@ class PriorVisionTransformer(VisionTransformer):
         if lavo_pool:
             self._make_lavo_pool()
         self.pos_attn = pos_attn
+        self.goat_max_freq: Optional[float] = goat_max_freq  # the GOAT ladder's top (rad per patch); None otherwise
         self._set_block_grid_size()
 
     def _make_lavo_pool(self) -> None:
