@@ -265,12 +265,10 @@ class PriorVisionTransformer(VisionTransformer):
         if kwargs.get('patch_drop_rate', 0.) > 0:
             raise ValueError('patch_drop_rate > 0 is not supported: it would need per-sample token coordinates')
         num_prefix_tokens = int(kwargs.get('class_token', True)) + int(kwargs.get('reg_tokens', 0))
-        goat_max_freq = None
         if pos_attn == 'goat':
             attn_kwargs = dict(VIT_GOAT_DEFAULTS, **(attn_kwargs or {}))
             if 'max_freq' not in attn_kwargs:
                 attn_kwargs['max_freq'] = vit_goat_max_freq(_patch_grid(kwargs))
-            goat_max_freq = float(attn_kwargs['max_freq'])
         if pos_attn == 'lavo':
             attn_layer = partial(_lavo_attention, num_prefix_tokens=num_prefix_tokens, **(attn_kwargs or {}))
             block_fn: Type[nn.Module] = LavoBlock
@@ -287,8 +285,16 @@ class PriorVisionTransformer(VisionTransformer):
         if lavo_pool:
             self._make_lavo_pool()
         self.pos_attn = pos_attn
-        self.goat_max_freq: Optional[float] = goat_max_freq  # the GOAT ladder's top (rad per patch); None otherwise
         self._set_block_grid_size()
+
+    __jit_unused_properties__ = ['goat_max_freq']
+
+    @property
+    def goat_max_freq(self) -> Optional[float]:
+        """The GOAT ladder's top frequency (rad per patch) in the blocks; None for PoPE / LAVO (or no blocks)."""
+        if self.pos_attn != 'goat' or not len(self.blocks):
+            return None
+        return self.blocks[0].attn.prior.max_freq
 
     def _make_lavo_pool(self) -> None:
         num_heads = self.blocks[0].attn.num_heads if len(self.blocks) else 1
