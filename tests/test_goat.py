@@ -74,6 +74,9 @@ def goat_reference(layer: GoatAttention, x: torch.Tensor, coords: torch.Tensor, 
         u[:, P:] += (hidden @ l2.weight.double().T + l2.bias.double()).T
     if prior.key_slope is not None:
         u[:, P:] += prior.key_slope.double()[:, None] * coords[:, 0][None, :]
+    if prior.key_slope_raw is not None:  # lambda_h = softplus(rho_h) = log(1 + e^rho_h), the authors' code
+        slope = torch.log1p(torch.exp(prior.key_slope_raw.double()))
+        u[:, P:] += slope[:, None] * coords[:, 0][None, :]
     if prior.first_key_bias is not None:
         u[:, P:] += prior.first_key_bias.double()[:, None] * (coords == 0).all(-1).double()[None, :]
     if P:
@@ -94,6 +97,9 @@ CASES = {
                          lambda m: sequence_coords(m), False),
     '1d_causal': (dict(dim=48, num_heads=2, num_spatial_dims=1, num_modes=2, key_linear=True), 17,
                   lambda m: sequence_coords(m), True),
+    '1d_causal_softplus_slope': (dict(dim=48, num_heads=3, num_spatial_dims=1, num_modes=2, key_linear=True,
+                                      key_slope_param='softplus', prior_init='alibi'), 19,
+                                 lambda m: sequence_coords(m, offset=5), True),
     '2d_class_token': (dict(dim=96, num_heads=3, num_spatial_dims=2, num_modes=3, num_prefix_tokens=1), 16,
                        lambda m: grid_coords((3, 5)), False),
     '2d_vit_ladder_odd_grid': (dict(dim=70, num_heads=2, num_spatial_dims=2, num_modes=4, max_freq=0.4,

@@ -7,8 +7,10 @@ from vision_priors.layers import GoatAttention, grid_coords, sequence_coords
 from vision_priors.layers.goat import ALIBI_FIT_TOLERANCE, alibi_slopes
 
 
-def test_causal_key_linear_start_is_exactly_alibi_on_causal_lags():
-    layer = GoatAttention(64, 4, num_spatial_dims=1, num_modes=3, prior_init='alibi', key_linear=True)
+@pytest.mark.parametrize('key_slope_param', ['linear', 'softplus'])
+def test_causal_key_linear_start_is_exactly_alibi_on_causal_lags(key_slope_param):
+    layer = GoatAttention(64, 4, num_spatial_dims=1, num_modes=3, prior_init='alibi', key_linear=True,
+                          key_slope_param=key_slope_param)
     logits = layer.prior_logits(num_tokens=40).double()  # (H, N, N)
     slopes = alibi_slopes(4).double()
     i, j = torch.meshgrid(torch.arange(40), torch.arange(40), indexing='ij')
@@ -45,3 +47,42 @@ def test_configurations_that_cannot_fit_are_refused(dims, modes, extent):
     # the causal form is always available
     GoatAttention(64, 2, num_spatial_dims=dims, num_modes=modes, prior_init='alibi', alibi_extent=extent,
                   key_linear=True)
+
+
+def test_softplus_slope_zero_start_is_neutral_and_stays_nonnegative():
+    """key_slope_param='softplus' (the GOAT authors' code): lambda_h = softplus(rho_h) >= 0. The zero start puts
+    rho_h at -30 (lambda_h ~ 1e-13: no recency), and no update can make a slope negative."""
+    layer = GoatAttention(64, 4, num_spatial_dims=1, num_modes=3, key_linear=True, key_slope_param='softplus')
+    prior = layer.prior
+    assert prior.key_slope is None and prior.key_slope_raw is not None
+    assert float(prior.key_slopes().max()) < 1e-12
+    with torch.no_grad():
+        prior.key_slope_raw.copy_(torch.tensor([-40.0, -2.0, 0.0, 3.0]))
+    slopes = prior.key_slopes().double()
+    torch.testing.assert_close(slopes, torch.log1p(torch.exp(torch.tensor([-40.0, -2.0, 0.0, 3.0]))).double())
+    assert bool((slopes >= 0).all())
+
+
+def test_softplus_slope_moves_by_a_factor_under_adam():
+    """Why the parametrisation matters: Adam moves every parameter by about lr per step (exactly lr with betas 0,
+    sign descent), so a softplus slope near zero changes by a factor of about e^lr per step, while a linear slope
+    changes by lr. After 200 steps of the same push at lr 1e-2 the slow ALiBi head (1/256) is about 7 times
+    steeper with softplus (softplus(rho + 2)), and about 2 per position with the linear parametrisation."""
+    grown = {}
+    for param in ('linear', 'softplus'):
+        layer = GoatAttention(64, 2, num_spatial_dims=1, num_modes=2, prior_init='alibi', key_linear=True,
+                              key_slope_param=param)
+        weights = [layer.prior.key_slope if param == 'linear' else layer.prior.key_slope_raw]
+        optimizer = torch.optim.Adam(weights, lr=1e-2, betas=(0.0, 0.0))
+        for _ in range(200):
+            optimizer.zero_grad()
+            (-layer.prior.key_slopes().sum()).backward()  # always push the slopes up
+            optimizer.step()
+        grown[param] = layer.prior.key_slopes().detach()[1].item()
+    assert 1 / 256 * 5 < grown['softplus'] < 1 / 256 * 10
+    assert 1.9 < grown['linear'] < 2.1
+
+
+def test_unknown_key_slope_param_is_refused():
+    with pytest.raises(ValueError, match="key_slope_param must be one of"):
+        GoatAttention(64, 2, num_spatial_dims=1, key_linear=True, key_slope_param='exp')

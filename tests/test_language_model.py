@@ -46,7 +46,9 @@ def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
         rel = (prior.alpha[:, 0, None, None, :] * d.cos() + prior.beta[:, 0, None, None, :] * d.sin()).sum(-1)
         nu = 100.0 ** (-torch.arange(4, dtype=torch.float64) / 4)  # phi_abs(j) (Eq. 21): 4 sinusoid pairs and j / 2048
         phi = torch.cat([torch.sin(j.T * nu), torch.cos(j.T * nu), j.T / prior.abs_pos_scale], dim=-1)  # (N, 9)
-        u = (prior.key_mlp(phi).T + prior.key_slope[:, None] * j  # g_h(phi_abs(j)) + lambda_h j
+        # lambda_h: the parameter itself, or softplus(rho_h) = log(1 + e^rho_h) (key_slope_param='softplus')
+        slope = prior.key_slope if prior.key_slope is not None else torch.log1p(torch.exp(prior.key_slope_raw))
+        u = (prior.key_mlp(phi).T + slope[:, None] * j  # g_h(phi_abs(j)) + lambda_h j
              + prior.first_key_bias[:, None] * (j == 0))  # + b_h 1{j = 0}     (Eqs. 21-22), (H, N)
         return q @ k.transpose(-1, -2) / math.sqrt(dc) + rel + u[:, None, :], v
     if attn.attn == 'pope':  # Eq. 6: sum_c f(q_tc) f(k_sc) cos((s - t) w_c + delta_c) / sqrt(d)
@@ -71,7 +73,8 @@ def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
     return logits, v
 
 
-CASES = [('goat', {}), ('goat', dict(goat_relative='symmetric')), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
+CASES = [('goat', {}), ('goat', dict(goat_relative='symmetric')),
+         ('goat', dict(goat_kwargs=dict(key_slope_param='softplus', prior_init='alibi'))), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
          ('pope', dict(pope_magnitude='identity', pope_learn_delta=False)), ('rope', {}), ('alibi', {}), ('nope', {})]
 
 

@@ -36,6 +36,9 @@ torch.fx.wrap('resolve_token_coords')
 __all__ = ['GoatPrior', 'GoatAttention', 'goat_positional_dim', 'goat_head_dims']
 
 PRIOR_INITS = ('zero', 'random', 'alibi', 'offsets')
+KEY_SLOPE_PARAMS = ('linear', 'softplus')
+# the 'softplus' slope's zero start: softplus(-30) ~ 1e-13, the authors' neutral start (elonlit/goat, 'uniform')
+SOFTPLUS_ZERO_RAW = -30.0
 # the 'alibi' cosine fit must stay within this share of m * extent of the ALiBi line and be monotone
 ALIBI_FIT_TOLERANCE = 0.25
 
@@ -103,6 +106,10 @@ class GoatPrior(nn.Module):
         offset_amplitude: Amplitude A of every mode in the 'offsets' start.
         alibi_extent: Offset range of the 'alibi' fit; default 16 (2D) or 512 (1D).
         key_linear: Include the key-linear trend lambda_h p_j (the causal recency term).
+        key_slope_param: How lambda_h is parametrised: 'linear' (lambda_h itself is the parameter, any sign) or
+            'softplus' (lambda_h = softplus(rho_h) >= 0, the GOAT authors' code, elonlit/goat). Under Adam a
+            softplus slope changes by a roughly constant *factor* per step near zero, so a slow head started
+            at ALiBi's 1/256 per position stays slow, and the zero start (rho = -30) stays practically at 0.
         first_key_bias: Include b_h 1{p_j = 0}; default True in 1D, False in 2D.
         key_mlp_hidden: Width of the SiLU MLP g_h; 0 disables it.
         abs_num_freqs: Sinusoid pairs per axis in phi_abs.
@@ -126,6 +133,7 @@ class GoatPrior(nn.Module):
             offset_amplitude: float = 3.0,
             alibi_extent: Optional[float] = None,
             key_linear: bool = False,
+            key_slope_param: str = 'linear',
             first_key_bias: Optional[bool] = None,
             key_mlp_hidden: int = 32,
             abs_num_freqs: int = 4,
@@ -141,6 +149,8 @@ class GoatPrior(nn.Module):
             raise ValueError(f'max_freq must be a finite number > 0, got {max_freq!r}')
         if prior_init not in PRIOR_INITS:
             raise ValueError(f'prior_init must be one of {PRIOR_INITS}, got {prior_init!r}')
+        if key_slope_param not in KEY_SLOPE_PARAMS:
+            raise ValueError(f'key_slope_param must be one of {KEY_SLOPE_PARAMS}, got {key_slope_param!r}')
         if num_prefix_tokens < 0:
             raise ValueError(f'num_prefix_tokens must be >= 0, got {num_prefix_tokens}')
         if prior_init == 'offsets' and num_spatial_dims != 2:
@@ -181,7 +191,11 @@ class GoatPrior(nn.Module):
                 nn.Linear(abs_features, key_mlp_hidden), nn.SiLU(), nn.Linear(key_mlp_hidden, num_heads))
         else:
             self.key_mlp = None
-        self.key_slope = nn.Parameter(torch.zeros(num_heads)) if key_linear else None
+        self.key_slope_param = key_slope_param
+        softplus_slope = key_linear and key_slope_param == 'softplus'
+        # 'linear': key_slope is lambda_h; 'softplus': key_slope_raw is rho_h, lambda_h = softplus(rho_h)
+        self.key_slope = nn.Parameter(torch.zeros(num_heads)) if key_linear and not softplus_slope else None
+        self.key_slope_raw = nn.Parameter(torch.zeros(num_heads)) if softplus_slope else None
         use_first = (not is_2d) if first_key_bias is None else first_key_bias
         self.first_key_bias = nn.Parameter(torch.zeros(num_heads)) if use_first else None
         self.prefix_bias = nn.Parameter(torch.zeros(num_heads, num_prefix_tokens)) if num_prefix_tokens else None
@@ -200,6 +214,8 @@ class GoatPrior(nn.Module):
             for p in (self.key_slope, self.first_key_bias, self.prefix_bias):
                 if p is not None:
                     p.zero_()
+            if self.key_slope_raw is not None:
+                self.key_slope_raw.fill_(SOFTPLUS_ZERO_RAW)
             if self.prior_init == 'random':
                 gen = torch.Generator().manual_seed(self.init_seed)
                 self.alpha.copy_(torch.randn(self.alpha.shape, generator=gen, device='cpu') * self.init_std)
@@ -213,6 +229,8 @@ class GoatPrior(nn.Module):
                 if self.key_slope is not None:
                     # causal: -m (i - j) = m j - m i, and -m i is a row constant (Appendix G.3)
                     self.key_slope.copy_(slopes.float())
+                elif self.key_slope_raw is not None:
+                    self.key_slope_raw.copy_(torch.log(torch.expm1(slopes)).float())  # softplus^-1(m_h)
                 else:
                     alpha = self._fit_symmetric_decay(slopes)
                     self._check_alibi_fit(alpha, slopes)
@@ -290,14 +308,21 @@ class GoatPrior(nn.Module):
         feats = torch.cat([phase.sin(), phase.cos(), coords.unsqueeze(-1) / self.abs_pos_scale], dim=-1)
         return feats.flatten(-2)
 
+    def key_slopes(self) -> Optional[Tensor]:
+        """lambda_h of the key-linear trend (H,), whichever its parametrisation; None without the term."""
+        if self.key_slope_raw is not None:
+            return F.softplus(self.key_slope_raw)
+        return self.key_slope
+
     def key_default(self, coords: Tensor) -> Tensor:
         """u_h(j) for the non-prefix tokens (Eqs. 21-22): (H, M) for (M, D) coords, (B, H, M) for (B, M, D)."""
         # zeros of shape (..., H, M) built by broadcasting (no Python branch on the rank: torch.fx safe)
         u = torch.zeros_like(coords[..., 0]).unsqueeze(-2) + coords.new_zeros(self.num_heads, 1)
         if self.key_mlp is not None:
             u = u + self.key_mlp(self.abs_features(coords)).transpose(-1, -2)
-        if self.key_slope is not None:
-            u = u + self.key_slope.to(coords.dtype)[:, None] * coords[..., 0].unsqueeze(-2)
+        slopes = self.key_slopes()
+        if slopes is not None:
+            u = u + slopes.to(coords.dtype)[:, None] * coords[..., 0].unsqueeze(-2)
         if self.first_key_bias is not None:
             is_first = (coords == 0).all(dim=-1).to(coords.dtype)
             u = u + self.first_key_bias.to(coords.dtype)[:, None] * is_first.unsqueeze(-2)
