@@ -10,8 +10,10 @@ Commands (``vision-priors lm COMMAND --help`` explains every option):
   ppl       perplexity of trained runs at 1x, 2x, 4x, 8x the training length, full context (each window is
             one forward pass, no sliding), mean over every predicted byte of the same validation text at every
             length (shorter lengths use proportionally more windows); table, JSON, plot.
-  passkey   fine-tune each run briefly on passkey prompts at the training length (answer digits only), then
-            test at 1x..8x and several depths: digit accuracy and exact match; table, JSON, heatmap PNG.
+  passkey   train on passkey prompts at the training length (answer digits only), then test at 1x..8x and
+            several depths: digit accuracy and exact match; table, JSON, heatmap PNG. Two starts
+            (--passkey-starts): 'pretrained' fine-tunes each run briefly; 'scratch' trains a fresh model of the
+            run's architecture on the prompts alone, the GOAT authors' synthetic benchmark protocol.
   index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items
             (--index-letters / --index-max-offset / --index-layout give smaller tasks than the paper's).
   compare   all of the above for all methods in one command: one results.json and the plots.
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.optim import create_optimizer_v2
 
-from vision_priors.models.language_model import ATTENTIONS, create_language_model
+from vision_priors.models.language_model import ATTENTIONS, create_language_model, resolve_goat_kwargs
 
 from . import cli
 from .data.text import (INDEX_LAYOUTS, IndexSpec, IndexTask, PasskeyTask, TrainWindows, builtin_corpus, eval_windows,
@@ -57,8 +59,12 @@ CPU_MODEL = dict(dim=64, depth=2, num_heads=2, goat_modes=4, lavo_window=32, lav
 # flags that never change what a run trains (evaluation settings, later stages' budgets)
 # (an indexing run keeps its task in its data config, which a resume checks)
 EVAL_ONLY_FLAGS = ('multiples', 'eval_windows', 'depths', 'passkey_samples', 'index_test', 'passkey_updates',
-                   'passkey_lr', 'index_updates', 'index_lr', 'index_train_items', 'index_letters', 'index_max_offset',
-                   'index_layout', 'eval_batch_size')
+                   'passkey_lr', 'passkey_starts', 'passkey_scratch_updates', 'index_updates', 'index_lr',
+                   'index_train_items', 'index_letters', 'index_max_offset', 'index_layout', 'eval_batch_size')
+# the LM's GOAT options before stop 45, for run configs that do not record them
+LEGACY_LM_GOAT = dict(key_slope_param='linear', prior_init='zero', key_mlp_hidden=32)
+PASSKEY_STARTS = ('pretrained', 'scratch')
+PASSKEY_SCRATCH_UPDATES = 1500  # README: the least at which the CPU model's retrieval separates the methods
 PASSKEY_EVAL_SEED = 10_000  # held-out prompts: a different seed stream from the fine-tuning items
 INDEX_TEST_SEED = 20_000
 
@@ -96,7 +102,14 @@ def add_eval_args(p: argparse.ArgumentParser, what: Sequence[str]) -> None:
     if 'passkey' in what:
         g.add_argument('--passkey-updates', type=cli.positive_int, default=300,
                        help='passkey fine-tuning updates (RoPE needs about 300 of 16 prompts to retrieve at 1x)')
-        g.add_argument('--passkey-lr', type=cli.positive_float, default=1e-3, help='passkey fine-tuning peak lr')
+        g.add_argument('--passkey-lr', type=cli.positive_float, default=1e-3,
+                       help='passkey peak lr (both starts)')
+        g.add_argument('--passkey-starts', nargs='+', choices=PASSKEY_STARTS, default=list(PASSKEY_STARTS),
+                       help="'pretrained': fine-tune each trained run (--passkey-updates); 'scratch': train a fresh "
+                            "model of the run's architecture and seed on passkey prompts only "
+                            "(--passkey-scratch-updates), as the GOAT authors' synthetic benchmark does")
+        g.add_argument('--passkey-scratch-updates', type=cli.positive_int, default=PASSKEY_SCRATCH_UPDATES,
+                       help='updates of the from-scratch passkey training')
         g.add_argument('--depths', type=cli.probability, nargs='+', default=[0.0, 0.25, 0.5, 0.75, 1.0],
                        help='relative depths of the key in the filler')
         g.add_argument('--passkey-samples', type=cli.positive_int, default=16, help='test prompts per length x depth')
@@ -172,6 +185,8 @@ def validate(args: argparse.Namespace) -> None:
         cli.check_unique('--multiples', args.multiples)
     if getattr(args, 'depths', None):
         cli.check_unique('--depths', args.depths)
+    if getattr(args, 'passkey_starts', None):
+        cli.check_unique('--passkey-starts', args.passkey_starts)
     if hasattr(args, 'index_letters'):
         index_spec(args)  # bad letter counts / offsets fail here, naming the flag
     length = getattr(args, 'train_length', None)
@@ -209,11 +224,20 @@ def corpus(dcfg: Dict[str, Any]):
 # ----------------------------------------------------------------------------------------- model
 
 def model_config(args: argparse.Namespace, attn: str) -> Dict[str, Any]:
-    return dict(attn=attn, overrides=dict(CPU_MODEL, **cli.model_overrides(args.model_overrides)))
+    """The run's model: the CPU model under ``--model-overrides``; GOAT's options resolved, so the run keeps them
+    whatever later defaults become."""
+    overrides = dict(CPU_MODEL, **cli.model_overrides(args.model_overrides))
+    if attn == 'goat':
+        overrides['goat_kwargs'] = resolve_goat_kwargs(overrides.get('goat_kwargs'),
+                                                       overrides.get('goat_key_linear', True))
+    return dict(attn=attn, overrides=overrides)
 
 
 def build_model(mcfg: Dict[str, Any]) -> nn.Module:
-    return create_language_model(mcfg['attn'], **mcfg['overrides'])
+    overrides = dict(mcfg['overrides'])
+    if mcfg['attn'] == 'goat':  # a run stored before GOAT's options were recorded had the defaults of then
+        overrides['goat_kwargs'] = dict(LEGACY_LM_GOAT, **overrides.get('goat_kwargs', {}))
+    return create_language_model(mcfg['attn'], **overrides)
 
 
 def load_model(run: Path, kind: str = 'lm', reads: Optional[Sequence[str]] = None):
@@ -299,19 +323,26 @@ TASKS = ('lm', 'passkey', 'index')
 
 
 def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, resume: bool, task: str = 'lm',
-              init_from: Optional[Path] = None, base_config: Optional[Dict[str, Any]] = None) -> Path:
+              init_from: Optional[Path] = None, base_config: Optional[Dict[str, Any]] = None,
+              passkey_start: str = 'pretrained') -> Path:
     """Train ``attn`` with ``seed`` on ``task`` into ``out_dir``; returns the final checkpoint folder.
 
-    'lm': next-byte prediction on the corpus; 'passkey': fine-tune the run ``init_from`` on passkey prompts at
-    its training length; 'index': a fresh model on indirect indexing.
+    'lm': next-byte prediction on the corpus; 'passkey': passkey prompts at the training length of the run
+    ``init_from``, starting from its weights (``passkey_start='pretrained'``) or from a fresh model of its
+    architecture ('scratch'); 'index': a fresh model on indirect indexing.
     """
     folder = RunFolder(out_dir, resume)
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     if task == 'passkey':
+        if passkey_start not in PASSKEY_STARTS:
+            raise ValueError(f'passkey_start must be one of {PASSKEY_STARTS}, got {passkey_start!r}')
         init_config, model = load_model(init_from, reads=())  # synthetic prompts: the run's text is not read
         mcfg, dcfg = init_config['model'], init_config['data']
-        train_set = PasskeyTask(dcfg['train_length'], args.passkey_updates * args.batch_size, seed)
-        updates, lr = args.passkey_updates, args.passkey_lr
+        if passkey_start == 'scratch':
+            model = build_model(mcfg)  # the run's architecture, fresh weights
+        updates = args.passkey_updates if passkey_start == 'pretrained' else args.passkey_scratch_updates
+        train_set = PasskeyTask(dcfg['train_length'], updates * args.batch_size, seed)
+        lr = args.passkey_lr
     else:
         spec = index_spec(args) if task == 'index' else None
         dcfg = data_config(args) if task == 'lm' else dict(train_length=spec.length, index=asdict(spec))
@@ -328,6 +359,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
     text = dcfg.get('text') if task == 'lm' else None
     config = dict(task=task, attn=attn, seed=seed, model=mcfg, data=dcfg,
                   init_from=str(init_from) if init_from else None,
+                  **(dict(passkey_start=passkey_start) if task == 'passkey' else {}),
                   parameters=sum(p.numel() for p in model.parameters()), args=run_settings(args),
                   data_fingerprint=data_fingerprints(text or [], skip_hidden=True))  # as the text loader reads
     loader = train_loader(train_set, args.batch_size, seed, args.num_workers)
@@ -392,8 +424,12 @@ def run_ppl(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any
     return rows
 
 
-def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path) -> List[Dict[str, Any]]:
-    """Fine-tune each run on passkey prompts (``out/<attn>/seed<k>``), then test the length x depth grid."""
+def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path,
+                start: str = 'pretrained') -> List[Dict[str, Any]]:
+    """Train on passkey prompts from each run (``start``: its weights, or a fresh model of its architecture),
+    into ``out/<attn>/seed<k>`` ('pretrained') or ``out/scratch/<attn>/seed<k>``, then test the length x depth
+    grid."""
+    out = out / 'scratch' if start == 'scratch' else out
     device, rows = eval_device(args), []
     configs = [load_finished_run(Path(run), 'lm', reads=()).config for run in runs]  # its text is not read
     folders = [out / c['attn'] / f"seed{c['seed']}" for c in configs]
@@ -403,21 +439,29 @@ def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path) -> Lis
         raise FileExistsError(f'{len(taken)} passkey run folder(s) already hold a run ({", ".join(taken)}); pass '
                               f'--resume to continue them or choose another --out')
     train_sweep(train_passkey, passkey_args(args),
-                [(c['attn'], c['seed'], Path(run), run_dir) for run, c, run_dir in zip(runs, configs, folders)])
+                [(c['attn'], c['seed'], Path(run), run_dir) for run, c, run_dir in zip(runs, configs, folders)],
+                start=start)
     for run, config, run_dir in zip(runs, configs, folders):
         _, model = load_model(run_dir)
         model.to(device)
         cells = passkey_grid(model, config['data']['train_length'], args, device)
         rows.append(dict(run=str(run_dir), attn=config['attn'], seed=config['seed'], cells=cells))
-        print(f"{config['attn']} seed={config['seed']}: passkey exact match " + ', '.join(
+        print(f"{config['attn']} seed={config['seed']}: passkey ({start}) exact match " + ', '.join(
             f"{m}x {np.mean([c['exact_match'] for c in cells.values() if c['multiple'] == m]):.2f}"
             for m in args.multiples))
     return rows
 
 
-def train_passkey(args: argparse.Namespace, attn: str, seed: int, init_from: Path, run_dir: Path, resume: bool) -> Path:
-    """One passkey fine-tuning of the trained run ``init_from`` (a module-level function: sweep workers import it)."""
-    return run_train(args, attn, seed, run_dir, resume, task='passkey', init_from=init_from)
+def train_passkey(args: argparse.Namespace, attn: str, seed: int, init_from: Path, run_dir: Path, resume: bool,
+                  start: str = 'pretrained') -> Path:
+    """One passkey training from the run ``init_from`` (a module-level function: sweep workers import it)."""
+    return run_train(args, attn, seed, run_dir, resume, task='passkey', init_from=init_from, passkey_start=start)
+
+
+def passkey_sections(args: argparse.Namespace, runs: Sequence[str], out: Path) -> Dict[str, List[Dict[str, Any]]]:
+    """The report sections of ``--passkey-starts``: 'passkey' (fine-tuned) and / or 'passkey_scratch'."""
+    return {('passkey' if start == 'pretrained' else 'passkey_scratch'): run_passkey(args, runs, out, start)
+            for start in args.passkey_starts}
 
 
 def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -562,7 +606,9 @@ def report(args: argparse.Namespace, out: Path, **sections: List[Dict[str, Any]]
     """Tables, one results.json with a section per measurement, and the plots."""
     makers = dict(ppl=(ppl_summary, ppl_table, plot_ppl, 'lm_ppl_vs_length.png', 'perplexity vs evaluation length'),
                   passkey=(passkey_summary, passkey_table, plot_passkey, 'lm_passkey_heatmap.png',
-                           'passkey exact match (held-out prompts)'),
+                           'passkey, fine-tuned from the LM (held-out prompts)'),
+                  passkey_scratch=(passkey_summary, passkey_table, plot_passkey, 'lm_passkey_scratch_heatmap.png',
+                                   'passkey, trained from scratch on the prompts (held-out prompts)'),
                   index=(index_summary, index_table, plot_index, 'lm_index_accuracy.png', 'indirect indexing'))
     summary, texts, plots = {}, [], {}
     rows = [dict(r, section=name) for name, section in sections.items() for r in section]
@@ -595,11 +641,11 @@ def dispatch(args: argparse.Namespace) -> Any:
     if args.command == 'ppl':
         return report(args, out, ppl=run_ppl(args, args.runs))
     if args.command == 'passkey':
-        return report(args, out, passkey=run_passkey(args, args.runs, out))
+        return report(args, out, **passkey_sections(args, args.runs, out))
     if args.command == 'index':
         return report(args, out, index=run_index(args, out))
     runs = [str(r) for r in train_all(args, out / 'train')]
-    return report(args, out, ppl=run_ppl(args, runs), passkey=run_passkey(args, runs, out / 'passkey'),
+    return report(args, out, ppl=run_ppl(args, runs), **passkey_sections(args, runs, out / 'passkey'),
                   index=run_index(args, out / 'index'))
 
 

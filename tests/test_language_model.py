@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vision_priors.layers.goat import GoatPrior
+from vision_priors.layers.goat import GoatPrior, alibi_slopes
 from vision_priors.models.language_model import (ATTENTIONS, SoftmaxCausalAttention, create_language_model,
                                                  rope_table)
 
@@ -48,7 +48,8 @@ def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
         phi = torch.cat([torch.sin(j.T * nu), torch.cos(j.T * nu), j.T / prior.abs_pos_scale], dim=-1)  # (N, 9)
         # lambda_h: the parameter itself, or softplus(rho_h) = log(1 + e^rho_h) (key_slope_param='softplus')
         slope = prior.key_slope if prior.key_slope is not None else torch.log1p(torch.exp(prior.key_slope_raw))
-        u = (prior.key_mlp(phi).T + slope[:, None] * j  # g_h(phi_abs(j)) + lambda_h j
+        mlp = prior.key_mlp(phi).T if prior.key_mlp is not None else 0.0  # g_h (off in the LM's default)
+        u = (mlp + slope[:, None] * j  # g_h(phi_abs(j)) + lambda_h j
              + prior.first_key_bias[:, None] * (j == 0))  # + b_h 1{j = 0}     (Eqs. 21-22), (H, N)
         return q @ k.transpose(-1, -2) / math.sqrt(dc) + rel + u[:, None, :], v
     if attn.attn == 'pope':  # Eq. 6: sum_c f(q_tc) f(k_sc) cos((s - t) w_c + delta_c) / sqrt(d)
@@ -74,7 +75,7 @@ def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
 
 
 CASES = [('goat', {}), ('goat', dict(goat_relative='symmetric')),
-         ('goat', dict(goat_kwargs=dict(key_slope_param='softplus', prior_init='alibi'))), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
+         ('goat', dict(goat_kwargs=dict(key_slope_param='linear', prior_init='zero', key_mlp_hidden=32))), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
          ('pope', dict(pope_magnitude='identity', pope_learn_delta=False)), ('rope', {}), ('alibi', {}), ('nope', {})]
 
 
@@ -142,14 +143,15 @@ def test_goat_ablations_are_exact(one_thread):
     for relative, frozen in (('symmetric', {'beta'}), ('none', {'alpha', 'beta'}), ('full', set())):
         model = create_language_model('goat', dim=32, depth=1, num_heads=2, goat_modes=3, goat_relative=relative)
         prior = model.blocks[0].attn.layer.prior
-        assert prior.num_modes == 3 and prior.key_slope is not None  # R and the key-linear recency term (default)
+        assert prior.num_modes == 3 and prior.key_slopes() is not None  # R and the key-linear recency term (default)
         model(x).sum().backward()
         for name in ('alpha', 'beta'):
             p = getattr(prior, name)
             assert (name in frozen) == (not p.requires_grad)
             if name in frozen:
                 assert p.grad is None and torch.count_nonzero(p) == 0
-    assert create_language_model('goat', goat_key_linear=False).blocks[0].attn.layer.prior.key_slope is None
+    no_slope = create_language_model('goat', goat_key_linear=False).blocks[0].attn.layer.prior
+    assert no_slope.key_slopes() is None and no_slope.prior_init == 'zero'  # no 'alibi' cosine fit without slopes
     with pytest.raises(ValueError, match='goat_relative must be one of'):
         create_language_model('goat', goat_relative='half')
 
@@ -220,9 +222,12 @@ def test_weight_init_scales(tied):
         assert abs(linear.weight.std().item() * linear.in_features ** 0.5 - 1) < 0.1, linear
         assert linear.bias is None or not linear.bias.any()
     assert len(priors) == 2
-    for prior in priors:  # the prior's own start: zero log-prior, key-MLP hidden layer at 0.02, output zero
-        assert not prior.alpha.any() and not prior.beta.any() and not prior.key_slope.any()
-        assert abs(prior.key_mlp[0].weight.std().item() / 0.02 - 1) < 0.2 and not prior.key_mlp[2].weight.any()
+    for prior in priors:  # the prior's own start (LM_GOAT_DEFAULTS): no relative term, ALiBi's slopes, no MLP
+        assert not prior.alpha.any() and not prior.beta.any() and prior.key_mlp is None
+        torch.testing.assert_close(prior.key_slopes(), alibi_slopes(2))
+    with_mlp = create_language_model('goat', dim=96, depth=1, num_heads=2, goat_modes=2,
+                                     goat_kwargs=dict(key_mlp_hidden=32)).blocks[0].attn.layer.prior
+    assert abs(with_mlp.key_mlp[0].weight.std().item() / 0.02 - 1) < 0.2 and not with_mlp.key_mlp[2].weight.any()
     gpt2 = create_language_model('goat', dim=96, depth=2, num_heads=2, goat_modes=2, weight_init='gpt2')
     for module in [gpt2.embed, *non_prior_linears(gpt2)]:
         assert abs(module.weight.std().item() / 0.02 - 1) < 0.1

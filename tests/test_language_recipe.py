@@ -39,11 +39,18 @@ def test_train_kill_resume_equals_uninterrupted_then_ppl(tmp_path):
     assert (tmp_path / 'ppl' / 'lm_ppl_vs_length.png').stat().st_size > 5000
     result = recipe.main(['passkey', str(full / 'pope' / 'seed0'), '--passkey-updates', '2', '--multiples', '1', '2',
                           '--depths', '0.5', '--passkey-samples', '2', '--cpu', '--batch-size', '2',
-                          '--out', str(tmp_path / 'pk')])
-    cells = result['rows'][0]['cells']
-    assert set(cells) == {'1x@0.5', '2x@0.5'} and all(0 <= c['digit_accuracy'] <= 1 for c in cells.values())
-    assert (tmp_path / 'pk' / 'pope' / 'seed0' / 'config.json').exists()  # the fine-tuning is a run of its own
-    assert (tmp_path / 'pk' / 'lm_passkey_heatmap.png').stat().st_size > 5000
+                          '--passkey-scratch-updates', '3', '--out', str(tmp_path / 'pk')])
+    assert set(result['summary']) == {'passkey', 'passkey_scratch'}  # both starts by default
+    for row in result['rows']:
+        cells = row['cells']
+        assert set(cells) == {'1x@0.5', '2x@0.5'} and all(0 <= c['digit_accuracy'] <= 1 for c in cells.values())
+    for folder, start, updates in (('pope', 'pretrained', 2), ('scratch/pope', 'scratch', 3)):
+        run_dir = tmp_path / 'pk' / folder / 'seed0'  # each passkey training is a run of its own
+        config = json.loads((run_dir / 'config.json').read_text())
+        assert config['passkey_start'] == start and config['init_from'] == str(full / 'pope' / 'seed0')
+        assert json.loads((run_dir / 'latest.json').read_text())['step'] == updates
+    for name in ('lm_passkey_heatmap.png', 'lm_passkey_scratch_heatmap.png'):
+        assert (tmp_path / 'pk' / name).stat().st_size > 5000
 
 
 class KnownNextByte(torch.nn.Module):
@@ -73,18 +80,50 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
 def test_compare_two_methods_writes_every_section(tmp_path):
     out = tmp_path / 'cmp'
     result = recipe.main(['compare', '--methods', 'goat', 'lavo', '--seeds', '0', *tiny(), '--updates', '2',
-                          '--passkey-updates', '2', '--index-updates', '2', '--multiples', '1', '2', '--depths', '0',
-                          '1', '--passkey-samples', '2', '--eval-windows', '1', '--index-test', '4', '--out', str(out)])
+                          '--passkey-updates', '2', '--passkey-scratch-updates', '2', '--index-updates', '2',
+                          '--multiples', '1', '2', '--depths', '0', '1', '--passkey-samples', '2', '--eval-windows', '1',
+                          '--index-test', '4', '--out', str(out)])
     summary = result['summary']
-    assert set(summary) == {'ppl', 'passkey', 'index'} and set(summary['ppl']) == {'goat', 'lavo'}
-    assert set(summary['passkey']['goat']['cells']) == {'1x@0', '1x@1', '2x@0', '2x@1'}
+    assert list(summary) == ['ppl', 'passkey', 'passkey_scratch', 'index'] and set(summary['ppl']) == {'goat', 'lavo'}
+    for section in ('passkey', 'passkey_scratch'):
+        assert set(summary[section]['goat']['cells']) == {'1x@0', '1x@1', '2x@0', '2x@1'}
     assert 0 <= summary['index']['lavo']['accuracy']['mean'] <= 1 and 'ratio_4x' not in summary['ppl']['goat']
-    for name in ('lm_ppl_vs_length.png', 'lm_passkey_heatmap.png', 'lm_index_accuracy.png'):
+    for name in ('lm_ppl_vs_length.png', 'lm_passkey_heatmap.png', 'lm_passkey_scratch_heatmap.png',
+                 'lm_index_accuracy.png'):
         assert (out / name).stat().st_size > 5000
-    config = json.loads((out / 'passkey' / 'goat' / 'seed0' / 'config.json').read_text())
-    assert config['task'] == 'passkey' and config['init_from'] == str(out / 'train' / 'goat' / 'seed0')
+    for folder, start in (('goat', 'pretrained'), ('scratch/goat', 'scratch')):
+        config = json.loads((out / 'passkey' / folder / 'seed0' / 'config.json').read_text())
+        assert config['task'] == 'passkey' and config['init_from'] == str(out / 'train' / 'goat' / 'seed0')
+        assert config['passkey_start'] == start
     with pytest.raises(FileExistsError, match='already hold a run'):
         recipe.main(['compare', '--methods', 'goat', '--seeds', '0', *tiny(), '--out', str(out)])
+
+
+def test_passkey_scratch_start_trains_a_fresh_model_of_the_runs_architecture(tmp_path):
+    """--passkey-starts: 'pretrained' starts from the run's weights, 'scratch' from a fresh model built from the run's
+    model config (GOAT options included) and the seed. One update at a negligible lr keeps each at its start."""
+    from safetensors.torch import load_file
+    train = tmp_path / 'train'
+    overrides = dict(TINY_MODEL, goat_kwargs=dict(key_mlp_hidden=0))
+    recipe.main(['train', '--methods', 'goat', *tiny(), '--model-overrides', json.dumps(overrides), '--updates', '3',
+                 '--lr', '1e-2', '--out', str(train)])
+    run = train / 'goat' / 'seed0'
+    recipe.main(['passkey', str(run), '--passkey-updates', '1', '--passkey-scratch-updates', '1', '--passkey-lr',
+                 '1e-12', '--multiples', '1', '--depths', '0.5', '--passkey-samples', '1', '--cpu', '--batch-size',
+                 '2', '--out', str(tmp_path / 'pk')])
+
+    def weights(folder: Path) -> dict:
+        latest = json.loads((folder / 'latest.json').read_text())['checkpoint']
+        return load_file(str(folder / latest / 'model.safetensors'))
+
+    trained, pretrained, scratch = weights(run), weights(tmp_path / 'pk' / 'goat' / 'seed0'), \
+        weights(tmp_path / 'pk' / 'scratch' / 'goat' / 'seed0')
+    assert set(trained) == set(scratch) and not any('key_mlp' in k for k in scratch)  # the run's architecture
+    for name, value in trained.items():
+        torch.testing.assert_close(pretrained[name], value, rtol=0, atol=1e-8)
+    moved = [name for name, value in trained.items() if not torch.allclose(scratch[name], value, atol=1e-4)]
+    assert 'embed.weight' in moved or any(name.endswith('embed.weight') for name in moved)
+    assert any('qkv.weight' in name for name in moved)
 
 
 def test_passkey_training_items_are_answerable():
@@ -135,8 +174,8 @@ def test_passkey_jobs_fine_tune_in_worker_processes(tmp_path):
     train = tmp_path / 'train'
     recipe.main(['train', '--methods', 'goat', 'rope', *tiny(), '--updates', '2', '--out', str(train)])
     runs = [str(train / 'goat' / 'seed0'), str(train / 'rope' / 'seed0')]
-    flags = ['--passkey-updates', '2', '--multiples', '1', '--depths', '0.5', '--passkey-samples', '2', '--cpu',
-             '--batch-size', '2', '--threads', '1']
+    flags = ['--passkey-updates', '2', '--passkey-scratch-updates', '2', '--multiples', '1', '--depths', '0.5',
+             '--passkey-samples', '2', '--cpu', '--batch-size', '2', '--threads', '1']
     one = recipe.main(['passkey', *runs, *flags, '--jobs', '1', '--out', str(tmp_path / 'one')])
     two = recipe.main(['passkey', *runs, *flags, '--jobs', '2', '--out', str(tmp_path / 'two')])
     for name in ('goat', 'rope'):
@@ -175,8 +214,9 @@ def test_changed_text_refuses_resume_and_ppl_naming_the_file(text_run, tmp_path)
     with pytest.raises(ValueError, match=re.escape(f'the data changed since run {run} was trained: {text}: sha256 ')):
         recipe.main(ppl)
     assert snapshot(run) == before and not (tmp_path / 'ppl').exists()
-    recipe.main(['passkey', str(run), '--passkey-updates', '1', '--multiples', '1', '--depths', '0.5',
-                 '--passkey-samples', '1', '--cpu', '--batch-size', '2', '--out', str(tmp_path / 'pk')])
+    recipe.main(['passkey', str(run), '--passkey-updates', '1', '--passkey-starts', 'pretrained', '--multiples', '1',
+                 '--depths', '0.5', '--passkey-samples', '1', '--cpu', '--batch-size', '2', '--out',
+                 str(tmp_path / 'pk')])
     assert json.loads((tmp_path / 'pk' / 'rope' / 'seed0' / 'config.json').read_text())['data_fingerprint'] == {}
     text.write_bytes(original)
     recipe.main([*common, '--resume'])
@@ -244,3 +284,19 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe, 'IndexTask', recording)
     recipe.run_index(recipe.build_parser().parse_args([*flags, '--resume', '--out', str(out)]), out)
     assert tested[-1] == recipe.IndexSpec(5, 7, 2, 'offset-anchor')
+
+
+def test_goat_options_are_recorded_and_a_legacy_config_rebuilds_the_old_model():
+    """A GOAT run's config records its resolved GoatPrior options (LM_GOAT_DEFAULTS under --model-overrides), so it
+    is rebuilt as trained whatever the defaults become; a config stored before they were recorded (stop 45) gets
+    the options of then: the linear slope from zero and the key-default MLP."""
+    from vision_priors.models.language_model import LM_GOAT_DEFAULTS
+    args = recipe.build_parser().parse_args(['train', '--model-overrides', '{"goat_kwargs": {"prior_init": "zero"}}'])
+    config = recipe.model_config(args, 'goat')
+    assert config['overrides']['goat_kwargs'] == dict(LM_GOAT_DEFAULTS, prior_init='zero')
+    prior = recipe.build_model(config).blocks[0].attn.layer.prior
+    assert prior.key_mlp is None and prior.key_slope_raw is not None and float(prior.key_slopes().max()) < 1e-12
+    legacy = dict(attn='goat', overrides=dict(recipe.CPU_MODEL))  # no goat_kwargs: an old run
+    prior = recipe.build_model(legacy).blocks[0].attn.layer.prior
+    assert prior.key_mlp is not None and prior.key_slope is not None and not prior.key_slope.any()
+    assert recipe.LEGACY_LM_GOAT == dict(key_slope_param='linear', prior_init='zero', key_mlp_hidden=32)

@@ -3,8 +3,10 @@
 Attention types (``ATTENTIONS``), all causal and all without a maximum length:
 
   ``goat``   GOAT 1D causal prior (paper 000, Eqs. 11-22): relative Fourier modes plus the key default
-             u_h(j) = lambda_h j + g_h(phi_abs(j)) + b_h 1{j = 0}; the key-linear recency term
-             lambda_h j (Sec. 4 / App. G.3) is on by default, as in the paper's Eq. 21.
+             u_h(j) = lambda_h j + b_h 1{j = 0}; the key-linear recency term lambda_h j (Sec. 4 / App. G.3)
+             is on by default, as in the paper's Eq. 21, parametrised and started as in the authors' code
+             (lambda_h = softplus(rho_h), ALiBi's slopes at the start); the absolute-position MLP g_h of
+             Eq. 21 is off by default, as in the ViTs (``LM_GOAT_DEFAULTS``; README, Language).
   ``pope``   PoPE (paper 004, Eqs. 3-6): softplus magnitudes, phases carry position, learned delta.
   ``lavo``   LAVO causal (paper 002, Eq. 4): local window + orthogonal-memory global branch; decodes
              with a fixed-size ``LavoState``.
@@ -35,12 +37,24 @@ from vision_priors.layers.goat import GoatAttention
 from vision_priors.layers.lavo import LavoAttention, LavoState
 from vision_priors.layers.pope import PopeAttention, phase_table, pope_features
 
-__all__ = ['ATTENTIONS', 'LanguageModel', 'create_language_model', 'rope_table', 'language_model_defaults']
+__all__ = ['ATTENTIONS', 'LM_GOAT_DEFAULTS', 'LanguageModel', 'create_language_model', 'rope_table',
+           'language_model_defaults', 'resolve_goat_kwargs']
 
 ATTENTIONS = ('goat', 'pope', 'lavo', 'rope', 'alibi', 'nope')
 GOAT_RELATIVE = ('full', 'symmetric', 'none')
 POPE_MAGNITUDES = ('softplus', 'relu', 'identity')
 WEIGHT_INITS = ('fan_in', 'gpt2')
+# GoatPrior options of the LM's GOAT unless ``goat_kwargs`` sets them (README, Language: "GOAT's key default"):
+# the authors' slope (elonlit/goat: lambda_h = softplus(rho_h), ALiBi's slopes at the start), and no MLP g_h on
+# absolute positions: its inputs leave their trained range past the training length, as in the ViTs
+LM_GOAT_DEFAULTS: Dict[str, Any] = dict(key_slope_param='softplus', prior_init='alibi', key_mlp_hidden=0)
+
+
+def resolve_goat_kwargs(goat_kwargs: Optional[Dict[str, Any]], key_linear: bool = True) -> Dict[str, Any]:
+    """The LM's GOAT options: ``LM_GOAT_DEFAULTS`` under the given ones. Without the key-linear term the start
+    is 'zero' (a 1D 'alibi' start without slopes would be a cosine fit over 512 positions)."""
+    defaults = dict(LM_GOAT_DEFAULTS) if key_linear else dict(LM_GOAT_DEFAULTS, prior_init='zero')
+    return dict(defaults, **(goat_kwargs or {}))
 
 KeyValues = Tuple[Tensor, Tensor]  # cached (keys, values) of one softmax layer: (B, H, T, d_k), (B, H, T, d_v)
 
@@ -83,7 +97,8 @@ class SoftmaxCausalAttention(nn.Module):
         self.rope_theta = rope_theta
         if attn == 'goat':
             self.layer = GoatAttention(dim, num_heads=num_heads, num_spatial_dims=1, num_modes=goat_modes,
-                                       qkv_bias=qkv_bias, key_linear=goat_key_linear, **(goat_kwargs or {}))
+                                       qkv_bias=qkv_bias, key_linear=goat_key_linear,
+                                       **resolve_goat_kwargs(goat_kwargs, goat_key_linear))
             self.freeze_relative_terms()
         elif attn == 'pope':
             self.layer = PopeAttention(dim, num_heads=num_heads, num_spatial_dims=1, qkv_bias=qkv_bias,
@@ -231,7 +246,8 @@ class LanguageModel(nn.Module):
             the attention types has an inherent one). Going past it is an error naming the limit.
         qkv_bias: Bias in the q/k/v projections.
         goat_modes, goat_relative, goat_key_linear, goat_kwargs: GOAT's R, relative-term ablation, key-linear
-            recency term (paper default on) and further ``GoatPrior`` options (prior_init, learn_freqs, ...).
+            recency term (paper default on) and further ``GoatPrior`` options (prior_init, learn_freqs,
+            key_slope_param, key_mlp_hidden, ...) over ``LM_GOAT_DEFAULTS``.
         pope_magnitude, pope_learn_delta: PoPE's magnitude function and learned phase bias (Table 5).
         lavo_window, lavo_slots, lavo_epe, lavo_context_dissection: LAVO's w, r, EPE and CD switches.
         rope_theta: RoPE frequency base.
