@@ -75,7 +75,8 @@ def reference_logits(attn: SoftmaxCausalAttention, x: torch.Tensor) -> tuple:
 
 
 CASES = [('goat', {}), ('goat', dict(goat_relative='symmetric')),
-         ('goat', dict(goat_kwargs=dict(key_slope_param='linear', prior_init='zero', key_mlp_hidden=32))), ('pope', {}), ('pope', dict(pope_magnitude='relu')),
+         ('goat', dict(goat_kwargs=dict(key_slope_param='linear', prior_init='zero', key_mlp_hidden=32))),
+         ('pope', {}), ('pope', dict(pope_magnitude='relu')),
          ('pope', dict(pope_magnitude='identity', pope_learn_delta=False)), ('rope', {}), ('alibi', {}), ('nope', {})]
 
 

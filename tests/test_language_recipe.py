@@ -81,8 +81,8 @@ def test_compare_two_methods_writes_every_section(tmp_path):
     out = tmp_path / 'cmp'
     result = recipe.main(['compare', '--methods', 'goat', 'lavo', '--seeds', '0', *tiny(), '--updates', '2',
                           '--passkey-updates', '2', '--passkey-scratch-updates', '2', '--index-updates', '2',
-                          '--multiples', '1', '2', '--depths', '0', '1', '--passkey-samples', '2', '--eval-windows', '1',
-                          '--index-test', '4', '--out', str(out)])
+                          '--multiples', '1', '2', '--depths', '0', '1', '--passkey-samples', '2',
+                          '--eval-windows', '1', '--index-test', '4', '--out', str(out)])
     summary = result['summary']
     assert list(summary) == ['ppl', 'passkey', 'passkey_scratch', 'index'] and set(summary['ppl']) == {'goat', 'lavo'}
     for section in ('passkey', 'passkey_scratch'):
