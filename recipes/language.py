@@ -22,7 +22,7 @@ Data (``vision_priors.recipes.data.text``): bytes of ``--text`` files / folders 
 or by default the English prose of CPython's ``pydoc_data.topics`` (``--with-stdlib`` adds the standard
 library's sources); blocks of ``--block-bytes`` split into train / validation by a seeded choice.
 
-The README's CPU result (training length 128, seeds 0 1; 7 minutes on 2 cores, see there):
+The README's CPU result (training length 128, seeds 0 1; 18 minutes on 2 cores, see there):
 
   vision-priors lm compare --seeds 0 1 --batch-size 16 --updates 1000 --passkey-updates 300 --index-updates 200 \\
       --depths 0 0.5 1 --passkey-samples 8 --eval-windows 4 --threads 1 --jobs 2 --out outputs/lm/compare
