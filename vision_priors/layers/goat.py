@@ -191,7 +191,6 @@ class GoatPrior(nn.Module):
                 nn.Linear(abs_features, key_mlp_hidden), nn.SiLU(), nn.Linear(key_mlp_hidden, num_heads))
         else:
             self.key_mlp = None
-        self.key_slope_param = key_slope_param
         softplus_slope = key_linear and key_slope_param == 'softplus'
         # 'linear': key_slope is lambda_h; 'softplus': key_slope_raw is rho_h, lambda_h = softplus(rho_h)
         self.key_slope = nn.Parameter(torch.zeros(num_heads)) if key_linear and not softplus_slope else None
