@@ -104,12 +104,14 @@ def command_parser(prog: str,
                    description: str) -> Tuple[argparse.ArgumentParser, Callable[..., argparse.ArgumentParser]]:
     """A recipe's parser (its module docstring as description) and ``add_command(name, help)`` for its
     sub-commands (each shows its defaults in ``--help``)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest='command', required=True)
 
     def add_command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        # no abbreviations: a shortened or misspelt flag is an error, never silently another flag
+        return sub.add_parser(name, help=help, allow_abbrev=False,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
     return parser, add_command
 

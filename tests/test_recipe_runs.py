@@ -79,6 +79,15 @@ def test_bad_combinations_are_errors_before_anything_is_written(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize('recipe', [spatial_vqa, resolution_extrapolation])
+def test_a_shortened_flag_is_an_error_not_another_flag(tmp_path, capsys, recipe):
+    out = tmp_path / 'run'
+    with pytest.raises(SystemExit):  # argparse would otherwise read --warm as --warmup-frac
+        recipe.main(['train', '--out', str(out), '--warm', '0.1'])
+    assert 'unrecognized arguments: --warm' in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_resolution_recipe_shares_the_checks(tmp_path, capsys):
     out = tmp_path / 'run'
     with pytest.raises(SystemExit):
