@@ -36,7 +36,7 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -69,6 +69,8 @@ PASSKEY_STARTS = ('pretrained', 'scratch')
 PASSKEY_SCRATCH_UPDATES = 2500
 PASSKEY_EVAL_SEED = 10_000  # held-out prompts: a different seed stream from the fine-tuning items
 INDEX_TEST_SEED = 20_000
+# ``passkey`` without runs: the fresh models' defaults (the compare's CPU model at its training length)
+SCRATCH_MODELS = dict(methods=ATTENTIONS, seeds=(0,), train_length=128, model_overrides='{}')
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -148,7 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what, help in (('ppl', ('ppl',), 'perplexity at 1x..8x the training length'),
                              ('passkey', ('passkey',), 'passkey fine-tuning and retrieval at 1x..8x')):
         p = add_command(name, help)
-        p.add_argument('runs', nargs='+', help='trained run folders (or their best/ / checkpoint folders)')
+        if name == 'ppl':
+            p.add_argument('runs', nargs='+', help='trained run folders (or their best/ / checkpoint folders)')
+        else:
+            p.add_argument('runs', nargs='*',
+                           help='trained run folders (or their best/ / checkpoint folders); none with '
+                                '--passkey-starts scratch alone: fresh models of --methods x --seeds')
+            g = p.add_argument_group('fresh models, when no run is given (--passkey-starts scratch)')
+            g.add_argument('--methods', nargs='+', choices=ATTENTIONS, default=None,
+                           help=f'attention types (default: all, {" ".join(ATTENTIONS)})')
+            g.add_argument('--seeds', type=cli.nonnegative_int, nargs='+', default=None, help='seeds (default: 0)')
+            g.add_argument('--train-length', type=cli.positive_int, default=None,
+                           help=f'passkey prompt length in training (default: {SCRATCH_MODELS["train_length"]})')
+            g.add_argument('--model-overrides', default=None,
+                           help=f'JSON dict of LanguageModel options over the CPU model {json.dumps(CPU_MODEL)}')
         add_eval_args(p, what)
         cli.add_device_flags(p, batch_size=8)
         p.add_argument('--out', default=f'outputs/lm/{name}', help='folder for results.json and the plot')
@@ -172,9 +187,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_passkey_models(args: argparse.Namespace) -> None:
+    """``passkey`` trains from the RUN folders given (their architecture, seed and length) or, given none, fresh
+    models of ``--methods`` x ``--seeds`` (``--passkey-starts scratch`` alone); the flags of the one are errors
+    with the other, and the fresh models' unset flags get ``SCRATCH_MODELS``."""
+    given = [f'--{name.replace("_", "-")}' for name in SCRATCH_MODELS if getattr(args, name) is not None]
+    if args.runs:
+        if given:
+            raise ValueError(f'{", ".join(given)}: these describe fresh models when no run is given; the runs given '
+                             'fix their own method, seed, length and model')
+        return
+    if args.passkey_starts != ['scratch']:
+        raise ValueError('passkey without RUN folders trains fresh models only: give trained runs, or pass '
+                         '--passkey-starts scratch')
+    for name, default in SCRATCH_MODELS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, list(default) if isinstance(default, (list, tuple)) else default)
+
+
 def validate(args: argparse.Namespace) -> None:
     """Recipe-specific checks, before any folder is touched (lengths that cannot work fail here)."""
-    if hasattr(args, 'model_overrides'):
+    if args.command == 'passkey':
+        resolve_passkey_models(args)
+    if getattr(args, 'model_overrides', None) is not None:
         overrides = cli.model_overrides(args.model_overrides)
         if 'attn' in overrides:
             raise ValueError('--model-overrides may not set "attn": use --methods')
@@ -331,14 +366,23 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
 
     'lm': next-byte prediction on the corpus; 'passkey': passkey prompts at the training length of the run
     ``init_from``, starting from its weights (``passkey_start='pretrained'``) or from a fresh model of its
-    architecture ('scratch'); 'index': a fresh model on indirect indexing.
+    architecture ('scratch'), or, with no run, from a fresh model of ``base_config`` (``{'model': model config,
+    'data': {'train_length': L}}``, 'scratch' only); 'index': a fresh model on indirect indexing.
     """
     folder = RunFolder(out_dir, resume)
     accelerator = make_accelerator(seed, mixed_precision=args.amp, grad_accum=args.grad_accum, cpu=args.cpu)
     if task == 'passkey':
         if passkey_start not in PASSKEY_STARTS:
             raise ValueError(f'passkey_start must be one of {PASSKEY_STARTS}, got {passkey_start!r}')
-        init_config, model = load_model(init_from, reads=())  # synthetic prompts: the run's text is not read
+        if init_from is not None and passkey_start == 'pretrained':
+            init_config, model = load_model(init_from, reads=())  # synthetic prompts: the run's text is not read
+        elif init_from is not None:  # only its config: the fresh model is the first one built after seeding
+            init_config = load_finished_run(Path(init_from), 'lm', reads=()).config
+        elif passkey_start == 'scratch' and base_config is not None:
+            init_config = base_config
+        else:
+            raise ValueError("a passkey training needs a run to start from (init_from) or, from 'scratch', a "
+                             'base_config')
         mcfg, dcfg = init_config['model'], init_config['data']
         if passkey_start == 'scratch':
             model = build_model(mcfg)  # the run's architecture, fresh weights
@@ -426,38 +470,50 @@ def run_ppl(args: argparse.Namespace, runs: Sequence[str]) -> List[Dict[str, Any
     return rows
 
 
+def passkey_sources(args: argparse.Namespace, runs: Sequence[str]) -> List[Tuple[str, int, Any]]:
+    """(attn, seed, source) of every passkey training: each run's (source: its folder) or, with no runs, every
+    ``--methods`` x ``--seeds`` pair (source: the fresh model's ``{'model', 'data'}`` config)."""
+    if runs:
+        configs = [load_finished_run(Path(run), 'lm', reads=()).config for run in runs]  # its text is not read
+        return [(c['attn'], c['seed'], Path(run)) for run, c in zip(runs, configs)]
+    return [(attn, seed, dict(model=model_config(args, attn), data=dict(train_length=args.train_length)))
+            for attn in args.methods for seed in args.seeds]
+
+
 def run_passkey(args: argparse.Namespace, runs: Sequence[str], out: Path,
                 start: str = 'pretrained') -> List[Dict[str, Any]]:
-    """Train on passkey prompts from each run (``start``: its weights, or a fresh model of its architecture),
-    into ``out/<attn>/seed<k>`` ('pretrained') or ``out/scratch/<attn>/seed<k>``, then test the length x depth
-    grid."""
+    """Train on passkey prompts from each run (``start``: its weights, or a fresh model of its architecture) or,
+    with no runs, fresh models of ``--methods`` x ``--seeds``, into ``out/<attn>/seed<k>`` ('pretrained') or
+    ``out/scratch/<attn>/seed<k>``, then test the length x depth grid."""
     out = out / 'scratch' if start == 'scratch' else out
     device, rows = eval_device(args), []
-    configs = [load_finished_run(Path(run), 'lm', reads=()).config for run in runs]  # its text is not read
-    folders = [out / c['attn'] / f"seed{c['seed']}" for c in configs]
+    sources = passkey_sources(args, runs)
+    folders = [out / attn / f'seed{seed}' for attn, seed, _ in sources]
     cli.check_unique('the runs (method / seed pairs)', [f'{f.parent.name}/{f.name}' for f in folders])
     taken = [str(f) for f in folders if holds_run(f)]
     if taken and not args.resume:
         raise FileExistsError(f'{len(taken)} passkey run folder(s) already hold a run ({", ".join(taken)}); pass '
                               f'--resume to continue them or choose another --out')
     train_sweep(train_passkey, passkey_args(args),
-                [(c['attn'], c['seed'], Path(run), run_dir) for run, c, run_dir in zip(runs, configs, folders)],
-                start=start)
-    for run, config, run_dir in zip(runs, configs, folders):
-        _, model = load_model(run_dir)
+                [(*source, run_dir) for source, run_dir in zip(sources, folders)], start=start)
+    for (attn, seed, _), run_dir in zip(sources, folders):
+        config, model = load_model(run_dir)
         model.to(device)
         cells = passkey_grid(model, config['data']['train_length'], args, device)
-        rows.append(dict(run=str(run_dir), attn=config['attn'], seed=config['seed'], cells=cells))
-        print(f"{config['attn']} seed={config['seed']}: passkey ({start}) exact match " + ', '.join(
+        rows.append(dict(run=str(run_dir), attn=attn, seed=seed, cells=cells))
+        print(f'{attn} seed={seed}: passkey ({start}) exact match ' + ', '.join(
             f"{m}x {np.mean([c['exact_match'] for c in cells.values() if c['multiple'] == m]):.2f}"
             for m in args.multiples))
     return rows
 
 
-def train_passkey(args: argparse.Namespace, attn: str, seed: int, init_from: Path, run_dir: Path, resume: bool,
+def train_passkey(args: argparse.Namespace, attn: str, seed: int, source: Any, run_dir: Path, resume: bool,
                   start: str = 'pretrained') -> Path:
-    """One passkey training from the run ``init_from`` (a module-level function: sweep workers import it)."""
-    return run_train(args, attn, seed, run_dir, resume, task='passkey', init_from=init_from, passkey_start=start)
+    """One passkey training from ``source``: a run folder, or the config of a fresh model (``passkey_sources``);
+    a module-level function: sweep workers import it."""
+    if isinstance(source, dict):
+        return run_train(args, attn, seed, run_dir, resume, task='passkey', base_config=source, passkey_start=start)
+    return run_train(args, attn, seed, run_dir, resume, task='passkey', init_from=source, passkey_start=start)
 
 
 def passkey_sections(args: argparse.Namespace, runs: Sequence[str], out: Path) -> Dict[str, List[Dict[str, Any]]]:

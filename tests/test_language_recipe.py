@@ -126,6 +126,52 @@ def test_passkey_scratch_start_trains_a_fresh_model_of_the_runs_architecture(tmp
     assert any('qkv.weight' in name for name in moved)
 
 
+def test_passkey_scratch_without_runs_trains_fresh_models_of_methods_x_seeds(tmp_path):
+    """``passkey --passkey-starts scratch`` with no RUN: one fresh model per --methods x --seeds pair, each seeded
+    by itself (the same weights as the scratch model built from a run of that method and seed), at
+    --train-length; the runs' flags and the fresh models' flags are not mixed."""
+    from safetensors.torch import load_file
+    flags = ['--passkey-starts', 'scratch', '--passkey-scratch-updates', '2', '--multiples', '1', '2', '--depths',
+             '0.5', '--passkey-samples', '2', '--cpu', '--batch-size', '2', '--threads', '1']
+    out = tmp_path / 'pk'
+    result = recipe.main(['passkey', '--methods', 'goat', 'rope', '--seeds', '0', '1', '--train-length', '96',
+                          '--model-overrides', json.dumps(TINY_MODEL), *flags, '--out', str(out)])
+    assert list(result['summary']) == ['passkey_scratch']
+    assert {(r['attn'], r['seed']) for r in result['rows']} == {('goat', 0), ('goat', 1), ('rope', 0), ('rope', 1)}
+    config = json.loads((out / 'scratch' / 'goat' / 'seed1' / 'config.json').read_text())
+    assert config['task'] == 'passkey' and config['passkey_start'] == 'scratch' and config['init_from'] is None
+    assert config['data'] == {'train_length': 96} and config['model']['overrides']['dim'] == TINY_MODEL['dim']
+    assert config['model']['overrides']['goat_kwargs'] == recipe.resolve_goat_kwargs(None)  # resolved, recorded
+    assert set(result['rows'][0]['cells']) == {'1x@0.5', '2x@0.5'}
+
+    # the same model and seed from a trained run of that architecture: the same fresh weights, the same training
+    train = tmp_path / 'train'
+    recipe.main(['train', '--methods', 'rope', *tiny(), '--updates', '1', '--out', str(train)])
+    from_run = tmp_path / 'from_run'
+    recipe.main(['passkey', str(train / 'rope' / 'seed0'), *flags, '--out', str(from_run)])
+
+    def weights(folder: Path) -> dict:
+        latest = json.loads((folder / 'latest.json').read_text())['checkpoint']
+        return load_file(str(folder / latest / 'model.safetensors'))
+
+    alone, via_run = weights(out / 'scratch' / 'rope' / 'seed0'), weights(from_run / 'scratch' / 'rope' / 'seed0')
+    assert set(alone) == set(via_run)
+    for name, value in alone.items():
+        torch.testing.assert_close(via_run[name], value, rtol=0, atol=0)
+
+    bad = tmp_path / 'bad'
+    with pytest.raises(ValueError, match='passkey without RUN folders trains fresh models only'):
+        recipe.main(['passkey', '--methods', 'rope', '--cpu', '--out', str(bad)])  # both starts by default
+    with pytest.raises(ValueError, match='--methods, --train-length: these describe fresh models'):
+        recipe.main(['passkey', str(train / 'rope' / 'seed0'), '--methods', 'rope', '--train-length', '96',
+                     *flags, '--out', str(bad)])
+    with pytest.raises(ValueError, match='a passkey prompt needs at least 81 bytes'):
+        recipe.main(['passkey', '--train-length', '64', *flags, '--out', str(bad)])
+    with pytest.raises(ValueError, match='cannot build the goat model'):
+        recipe.main(['passkey', '--model-overrides', '{"goat_modes": 20}', *flags, '--out', str(bad)])
+    assert not bad.exists()
+
+
 def test_passkey_training_items_are_answerable():
     item = PasskeyTask(96, 1, 0)[0]
     text = bytes(item['tokens'].tolist())
