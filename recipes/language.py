@@ -13,7 +13,8 @@ Commands (``vision-priors lm COMMAND --help`` explains every option):
   passkey   train on passkey prompts at the training length (answer digits only), then test at 1x..8x and
             several depths: digit accuracy and exact match; table, JSON, heatmap PNG. Two starts
             (--passkey-starts): 'pretrained' fine-tunes each run briefly; 'scratch' trains a fresh model of the
-            run's architecture on the prompts alone, the GOAT authors' synthetic benchmark protocol.
+            run's architecture on the prompts alone, the GOAT authors' synthetic benchmark protocol; with no
+            RUN (--passkey-starts scratch alone), fresh models of --methods x --seeds.
   index     PoPE's indirect indexing: train a fresh model per method and seed on it, test on held-out items
             (--index-letters / --index-max-offset / --index-layout give smaller tasks than the paper's).
   compare   all of the above for all methods in one command: one results.json and the plots.
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help='continue the fine-tuning runs in OUT/<method>/seed<k>')
             p.add_argument('--checkpoint-every', type=cli.nonnegative_int, default=0,
                            help='checkpoint the fine-tuning every N updates; 0 = only at the end')
+            p.add_argument('--weight-decay', type=cli.nonnegative_float, default=0.05,
+                           help="the passkey trainings' AdamW weight decay (compare: its --weight-decay, the same "
+                                'default)')
             p.add_argument('--jobs', type=cli.nonnegative_int, default=1,
                            help='fine-tunings run at once, in worker processes sharing --threads (0 = one per CPU '
                                 'core when no GPU is present); a run\'s result does not depend on it')
@@ -524,7 +528,7 @@ def passkey_sections(args: argparse.Namespace, runs: Sequence[str], out: Path) -
 
 def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
     """The training flags a passkey fine-tuning needs, with the shared defaults where the command has none."""
-    defaults = dict(grad_accum=1, epochs=1, opt='adamw', weight_decay=0.0, warmup_frac=0.05, clip_grad=1.0,
+    defaults = dict(grad_accum=1, epochs=1, opt='adamw', weight_decay=0.05, warmup_frac=0.05, clip_grad=1.0,
                     stop_after=None, eval_every=0, patience=0, checkpoint_every=0, log_every=10, amp='no')
     return argparse.Namespace(**dict(defaults, **vars(args)))
 

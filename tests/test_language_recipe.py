@@ -143,6 +143,9 @@ def test_passkey_scratch_without_runs_trains_fresh_models_of_methods_x_seeds(tmp
     assert config['data'] == {'train_length': 96} and config['model']['overrides']['dim'] == TINY_MODEL['dim']
     assert config['model']['overrides']['goat_kwargs'] == recipe.resolve_goat_kwargs(None)  # resolved, recorded
     assert set(result['rows'][0]['cells']) == {'1x@0.5', '2x@0.5'}
+    compare = recipe.build_parser().parse_args(['compare'])  # the compare's passkey trainings: the same optimizer
+    assert (config['args']['weight_decay'], config['args']['warmup_frac'], config['args']['clip_grad']) == \
+        (compare.weight_decay, compare.warmup_frac, compare.clip_grad)
 
     # the same model and seed from a trained run of that architecture: the same fresh weights, the same training
     train = tmp_path / 'train'
