@@ -71,7 +71,7 @@ PASSKEY_SCRATCH_UPDATES = 2500
 PASSKEY_EVAL_SEED = 10_000  # held-out prompts: a different seed stream from the fine-tuning items
 INDEX_TEST_SEED = 20_000
 # ``passkey`` without runs: the fresh models' defaults (the compare's CPU model at its training length)
-SCRATCH_MODELS = dict(methods=ATTENTIONS, seeds=(0,), train_length=128, model_overrides='{}')
+SCRATCH_MODELS = dict(methods=list(ATTENTIONS), seeds=[0], train_length=128, model_overrides='{}')
 
 
 # ------------------------------------------------------------------------------------- arguments
@@ -206,7 +206,7 @@ def resolve_passkey_models(args: argparse.Namespace) -> None:
                          '--passkey-starts scratch')
     for name, default in SCRATCH_MODELS.items():
         if getattr(args, name) is None:
-            setattr(args, name, list(default) if isinstance(default, (list, tuple)) else default)
+            setattr(args, name, list(default) if isinstance(default, list) else default)
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -528,7 +528,7 @@ def passkey_sections(args: argparse.Namespace, runs: Sequence[str], out: Path) -
 
 def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
     """The training flags a passkey fine-tuning needs, with the shared defaults where the command has none."""
-    defaults = dict(grad_accum=1, epochs=1, opt='adamw', weight_decay=0.05, warmup_frac=0.05, clip_grad=1.0,
+    defaults = dict(grad_accum=1, epochs=1, opt='adamw', warmup_frac=0.05, clip_grad=1.0,  # weight decay: a flag
                     stop_after=None, eval_every=0, patience=0, checkpoint_every=0, log_every=10, amp='no')
     return argparse.Namespace(**dict(defaults, **vars(args)))
 
