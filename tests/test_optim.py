@@ -56,3 +56,20 @@ def test_bad_scale_is_rejected():
     model = timm.create_model('vit_tiny_patch16_goat_224', **SMALL)
     with pytest.raises(ValueError, match='lr_scale must be > 0, got 0'):
         prior_param_groups(model, lr_scale=0)
+
+
+@pytest.mark.parametrize('attn', ['goat', 'pope', 'lavo', 'rope', 'alibi', 'nope'])
+def test_language_models_keep_weight_decay_off_their_positional_parameters(attn):
+    # the LM recipe builds its optimizer with timm's create_optimizer_v2 and weight decay (recipes/language.py);
+    # the model's no_weight_decay() must cover every positional parameter the package's layers hold (found by
+    # module type), as the GOAT authors' C4 training leaves their prior's coefficients undecayed
+    from vision_priors.models.language_model import create_language_model
+    model = create_language_model(attn, dim=32, depth=2, num_heads=2, vocab_size=16)
+    names = prior_parameter_names(model)
+    assert bool(names) == (attn in ('goat', 'pope', 'lavo'))
+    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    decayed = {by_id[id(p)] for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    assert decayed, 'the weight matrices must still be decayed'
+    assert not decayed & names, f'positional parameters decayed: {sorted(decayed & names)}'
+    assert all(model.get_parameter(n).ndim > 1 for n in decayed)
