@@ -81,6 +81,7 @@ def test_compare_two_methods_writes_every_section(tmp_path):
     out = tmp_path / 'cmp'
     result = recipe.main(['compare', '--methods', 'goat', 'lavo', '--seeds', '0', *tiny(), '--updates', '2',
                           '--passkey-updates', '2', '--passkey-scratch-updates', '2', '--index-updates', '2',
+                          '--passkey-starts', 'pretrained', 'scratch',
                           '--multiples', '1', '2', '--depths', '0', '1', '--passkey-samples', '2',
                           '--eval-windows', '1', '--index-test', '4', '--out', str(out)])
     summary = result['summary']
@@ -214,6 +215,20 @@ def test_recipe_errors_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match=r'training samples < --batch-size 100000'):  # the loader, before config.json
         recipe.main(['train', *tiny(), '--batch-size', '100000', '--out', r])
     assert not Path(r).exists()
+
+
+def test_passkey_starts_share_one_budget_and_compare_fine_tunes_by_default():
+    """Both passkey starts train for the same number of updates by default (the start is the only difference), the
+    ``passkey`` command runs both starts, and ``compare`` fine-tunes the pre-trained runs only (the issue's protocol,
+    within its time budget); the flags still choose."""
+    parser = recipe.build_parser()
+    passkey = parser.parse_args(['passkey', 'RUN'])
+    compare = parser.parse_args(['compare'])
+    for args in (passkey, compare):
+        assert args.passkey_updates == args.passkey_scratch_updates == recipe.PASSKEY_UPDATES == 2500
+    assert passkey.passkey_starts == ['pretrained', 'scratch'] and compare.passkey_starts == ['pretrained']
+    chosen = parser.parse_args(['compare', '--passkey-starts', 'scratch', '--passkey-updates', '300'])
+    assert chosen.passkey_starts == ['scratch'] and chosen.passkey_updates == 300
 
 
 def test_passkey_jobs_fine_tune_in_worker_processes(tmp_path):
