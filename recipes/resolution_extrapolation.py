@@ -56,7 +56,7 @@ from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 
 from . import cli
 from .checkpoints import write_json_atomic
-from .data.builtin_scenes import TASKS, RenderedScenes, SpatialScenes
+from .data.builtin_scenes import TASKS, RenderedScenes, SpatialScenes, check_zoom_range
 from .data import image_pools
 from .data.image_folders import WDS_PREFIX, StrictImages, data_kind, wds_root
 from .data.image_pools import PoolImages, cifar10_pools
@@ -165,6 +165,10 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     cli.add_optim_flags(p, lr=2e-3, epochs=5, warmup_frac=0.1)
     cli.add_prior_lr_flag(p, default=VISION_PRIOR_LR_SCALE)
     g = p.add_argument_group('regularisation')
+    g.add_argument('--scene-zoom', type=cli.positive_float, nargs=2, default=(1.0, 1.0), metavar=('LOW', 'HIGH'),
+                   help="built-in scenes: magnify each training scene's parts by a factor drawn log-uniformly from "
+                        "[LOW, HIGH], capped so every part stays whole in view (the scenes' random-resized crop; "
+                        "labels unchanged); 1 1 = off")
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')
     g.add_argument('--smoothing', type=cli.unit_fraction, default=0.0, help='label smoothing')
@@ -213,6 +217,11 @@ def validate(args: argparse.Namespace) -> None:
         check_model_name(name)
     if getattr(args, 'ema_warmup', False) and not args.ema_decay:
         raise ValueError('--ema-warmup ramps the model EMA up: it needs --ema-decay > 0')
+    if hasattr(args, 'scene_zoom'):
+        check_zoom_range(args.scene_zoom)
+        if tuple(args.scene_zoom) != (1.0, 1.0) and data_kind(args.data) != 'builtin':
+            raise ValueError('--scene-zoom magnifies the built-in scenes: real images get random-resized crops '
+                             '(timm transform) instead')
     if args.command in ('train', 'compare') and data_kind(args.data) == 'wds' and args.num_classes is None:
         raise ValueError('--data wds:... needs --num-classes (webdataset shards carry no class list)')
 
@@ -236,8 +245,10 @@ def data_paths(data: Optional[str]) -> List[str]:
 
 
 def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
-    num = args.train_samples if split == 'train' else args.val_samples
-    return rendered_scenes(split, num, tuple(res), args.data_seed, args.task)
+    if split == 'train':
+        return rendered_scenes(split, args.train_samples, tuple(res), args.data_seed, args.task,
+                               tuple(getattr(args, 'scene_zoom', (1.0, 1.0))))
+    return rendered_scenes(split, args.val_samples, tuple(res), args.data_seed, args.task)
 
 
 @functools.lru_cache(maxsize=2)
@@ -247,10 +258,11 @@ def cifar_pools(spec: str, data_seed: int):
 
 
 @functools.lru_cache(maxsize=8)
-def rendered_scenes(split: str, num: int, res: Tuple[int, int], seed: int, task: str) -> RenderedScenes:
+def rendered_scenes(split: str, num: int, res: Tuple[int, int], seed: int, task: str,
+                    zoom: Tuple[float, float] = (1.0, 1.0)) -> RenderedScenes:
     """The built-in scenes rendered once per process: every run of a compare reads the same stream."""
     return RenderedScenes(SpatialScenes(split=split, num_samples=num, resolution=res, seed=seed, transform=None,
-                                        task=task))
+                                        task=task, zoom=zoom))
 
 
 def image_transform(args: argparse.Namespace, model: nn.Module, res: Tuple[int, int], is_training: bool):

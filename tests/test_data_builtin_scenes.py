@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vision_priors.recipes.data.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main
+from vision_priors.recipes.data.builtin_scenes import CLASSES, CLOCK_CLASSES, Scene, SpatialScenes, main, zoom_scene
 
 NUM_CLASSES = len(CLASSES)
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,6 +239,60 @@ def test_size_is_area_equivalent_radius_and_parts_are_visible(task):
             for later in masks[k + 1:]:
                 visible *= 1 - later
             assert visible.sum() >= 0.5 * mask.sum(), (index, k)
+
+
+@pytest.mark.parametrize('task', ['layouts', 'clock'])
+def test_zoom_magnifies_every_offset_and_size_and_keeps_labels_and_parts_in_view(task):
+    """zoom=(low, high): each scene is the unzoomed one with every centre offset and size multiplied by one factor
+    f <= high (>= low unless the scene cannot grow that much), every part inside the unit square, the same label, kinds,
+    rotations, colours and background; the unzoomed stream is unchanged, and (1, 1) is the identity. (The rules'
+    absolute distances scale with f: a zoomed row is the unzoomed row, magnified.)"""
+    plain = SpatialScenes('train', num_samples=4 * NUM_CLASSES, seed=2, task=task)
+    zoomed = SpatialScenes('train', num_samples=4 * NUM_CLASSES, seed=2, task=task, zoom=(1.0, 2.0))
+    assert SpatialScenes('train', num_samples=5, seed=2, task=task, zoom=(1, 1)).scene(3) == plain.scene(3)
+    factors = []
+    for index in range(len(plain)):
+        a, b = plain.scene(index), zoomed.scene(index)
+        assert (b.label, b.class_name, b.background) == (a.label, a.class_name, a.background)
+        f = b.parts[0].size / a.parts[0].size
+        factors.append(f)
+        assert f <= 2.0 + 1e-9
+        for p, q in zip(a.parts, b.parts):
+            assert (q.kind, q.angle, q.color) == (p.kind, p.angle, p.color)
+            assert q.size == pytest.approx(f * p.size, rel=1e-12)
+            assert 0 <= q.x - circumradius(q) and q.x + circumradius(q) <= 1
+            assert 0 <= q.y - circumradius(q) and q.y + circumradius(q) <= 1
+        for (p0, p1), (q0, q1) in zip(combinations(a.parts, 2), combinations(b.parts, 2)):
+            assert q1.x - q0.x == pytest.approx(f * (p1.x - p0.x), abs=1e-12)
+            assert q1.y - q0.y == pytest.approx(f * (p1.y - p0.y), abs=1e-12)
+        if f < 1 - 1e-9:   # only when the scene cannot grow at all: it then fills the square along one axis
+            raise AssertionError((index, f))
+    assert max(factors) > 1.6 and min(factors) < 1.3 and len(set(np.round(factors, 6))) > len(factors) // 2
+    if task == 'clock':
+        for index in range(len(zoomed)):   # the direction is a ratio of offsets: unchanged by the factor
+            big, small = zoomed.scene(index).parts
+            offset = (math.degrees(math.atan2(small.x - big.x, big.y - small.y)) - 30 * zoomed.label(index)
+                      + 180) % 360 - 180
+            assert abs(offset) <= 7.5 + 1e-6
+
+
+def test_zoom_scene_caps_the_factor_and_validates():
+    """A factor too large for the square is capped at the one that fits (a part then touches the margin); 0, a
+    negative, an infinite or a reversed range is refused naming the value."""
+    scene = SpatialScenes('val', num_samples=1, task='clock').scene(0)
+    big, factor = zoom_scene(scene, 50.0, 0)
+    assert 1 < factor < 50
+    lo = min(min(q.x - circumradius(q), q.y - circumradius(q)) for q in big.parts)
+    hi = max(max(q.x + circumradius(q), q.y + circumradius(q)) for q in big.parts)
+    assert max(hi - lo, 0) >= 0.96 - 1e-6 or min(lo, 1 - hi) <= 0.02 + 1e-6
+    small, factor = zoom_scene(scene, 0.5, 0)
+    assert factor == 0.5 and small.parts[0].size == pytest.approx(0.5 * scene.parts[0].size)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match='zoom must be a positive finite number'):
+            zoom_scene(scene, bad, 0)
+    for bad in ((2.0, 1.0), (0.0, 1.0), (1.0, math.inf), (1.0,), 'ab'):
+        with pytest.raises(ValueError, match='zoom must'):
+            SpatialScenes('train', num_samples=2, zoom=bad)
 
 
 def test_determinism_seeds_and_splits():

@@ -42,7 +42,7 @@ from torch.utils.data import Dataset
 from ..cli import parse_checked
 
 __all__ = ['CLASSES', 'CLOCK_CLASSES', 'TASKS', 'Part', 'Background', 'Scene', 'SpatialScenes', 'RenderedScenes',
-           'make_scene', 'render_scene', 'scene_seed']
+           'make_scene', 'render_scene', 'scene_seed', 'zoom_scene']
 
 CLASSES = [
     'row', 'column', 'diagonal', 'row_big_middle', 'tower', 'inverted_tower',
@@ -329,6 +329,27 @@ def _clock_scene(label: int, u: _Uniforms) -> Scene:
                  Background(black, black, 0.0, ()))
 
 
+def zoom_scene(scene: Scene, zoom: float, u: Union[_Uniforms, int]) -> Tuple[Scene, float]:
+    """Magnify a scene's parts by ``zoom`` and translate them uniformly at random inside the unit square.
+
+    The scene version of a random-resized crop that keeps every part whole: the zoom is capped at the largest
+    factor at which the parts' circumscribed circles still fit ``MARGIN`` inside the unit square (so a scene
+    may be magnified less than asked; ``zoom < 1`` shrinks it). Centres, sizes and every offset between parts
+    scale by the factor, so a relation the label names (direction, order, contact, nesting) is unchanged, and the
+    absolute distances of the class rules (``SpatialScenes``) scale with it; rotations, colours and the background
+    (which carries no label) are kept. Returns (scene, factor used)."""
+    if not zoom > 0 or math.isinf(zoom):
+        raise ValueError(f'zoom must be a positive finite number, got {zoom!r}')
+    if not isinstance(u, _Uniforms):
+        u = _Uniforms(int(u))
+    layout = [[p.x, p.y, p.size, p.kind] for p in scene.parts]
+    width = max(hi - lo for lo, hi in (_extent(layout, 0), _extent(layout, 1)))
+    factor = min(zoom, (1 - 2 * MARGIN) / width * (1 - 1e-9))  # (rounding must not overflow the square)
+    placed = _place([[x * factor, y * factor, s * factor, k] for x, y, s, k in layout], u)
+    parts = tuple(Part(p.kind, x, y, s, p.angle, p.color) for p, (x, y, s, _) in zip(scene.parts, placed))
+    return Scene(scene.label, scene.class_name, parts, scene.background), factor
+
+
 def make_scene(label: int, u: Union[_Uniforms, int], task: str = 'layouts') -> Scene:
     """Sample one scene of class ``label`` of ``task`` from uniforms ``u`` (or from a generator seed)."""
     if task not in TASKS:
@@ -407,6 +428,17 @@ def _resolution(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return dims[0], dims[-1]
 
 
+def check_zoom_range(zoom: Sequence[float]) -> Tuple[float, float]:
+    """``(low, high)`` as floats, 0 < low <= high < inf, or a ValueError naming the value."""
+    try:
+        low, high = (float(z) for z in zoom)
+    except (TypeError, ValueError):
+        raise ValueError(f'zoom must be a pair (low, high) of numbers, got {zoom!r}') from None
+    if not (0 < low <= high < math.inf):
+        raise ValueError(f'zoom must satisfy 0 < low <= high < inf, got {zoom!r}')
+    return low, high
+
+
 class SpatialScenes(Dataset):
     """Scenes of parts whose class is a spatial relation; deterministic per (seed, split, index).
 
@@ -454,11 +486,15 @@ class SpatialScenes(Dataset):
         transform: Optional callable applied to the PIL RGB image (e.g. ``timm.data.create_transform``);
             without it, items are float tensors (3, H, W) in [0, 1].
         task: 'layouts' (three parts, twelve configurations) or 'clock' (two parts, twelve directions).
+        zoom: (low, high): each scene's parts magnified by a factor drawn log-uniformly from this range
+            (:func:`zoom_scene`: capped so every part stays whole in view; drawn from its own stream, so the
+            scenes themselves are the same with or without it). (1, 1), the default, leaves scenes as sampled.
     """
 
     def __init__(self, split: str = 'train', num_samples: Optional[int] = None,
                  resolution: Union[int, Tuple[int, int]] = 32, seed: int = 0,
-                 transform: Optional[Callable] = None, task: str = 'layouts') -> None:
+                 transform: Optional[Callable] = None, task: str = 'layouts',
+                 zoom: Tuple[float, float] = (1.0, 1.0)) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(repr(t) for t in TASKS)}, got {task!r}")
         self.task = task
@@ -475,13 +511,15 @@ class SpatialScenes(Dataset):
         self.resolution = _resolution(resolution)
         self.seed = int(seed)
         self.transform = transform
+        self.zoom = check_zoom_range(zoom)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __repr__(self) -> str:
         return (f'SpatialScenes(split={self.split!r}, num_samples={self.num_samples}, '
-                f'resolution={self.resolution}, seed={self.seed}, task={self.task!r})')
+                f'resolution={self.resolution}, seed={self.seed}, task={self.task!r}'
+                + (f', zoom={self.zoom})' if self.zoom != (1.0, 1.0) else ')'))
 
     def label(self, index: int) -> int:
         """Class of item ``index`` (balanced: index % num_classes)."""
@@ -490,7 +528,12 @@ class SpatialScenes(Dataset):
     def scene(self, index: int) -> Scene:
         """Parameters of item ``index``: the same at every resolution."""
         index = self._check_index(index)
-        return make_scene(index % self.num_classes, scene_seed(self.seed, self.split, index), self.task)
+        scene = make_scene(index % self.num_classes, scene_seed(self.seed, self.split, index), self.task)
+        if self.zoom == (1.0, 1.0):
+            return scene
+        u = _Uniforms(scene_seed(self.seed, f'{self.split}|zoom', index))
+        low, high = self.zoom
+        return zoom_scene(scene, math.exp(u(math.log(low), math.log(high))), u)[0]
 
     @staticmethod
     def render(scene: Scene, height: int, width: Optional[int] = None) -> torch.Tensor:
