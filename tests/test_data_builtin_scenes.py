@@ -404,6 +404,14 @@ def test_cli_help_and_grid(tmp_path, capsys):
     out = tmp_path / 'grid.png'
     main(['--out', str(out), '--resolution', '16', '24', '--per-class', '1', '--task', 'clock'])
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    zoomed = tmp_path / 'zoomed.png'
+    main(['--out', str(zoomed), '--resolution', '16', '--per-class', '1', '--task', 'clock', '--zoom', '1', '2'])
+    assert zoomed.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(['--out', str(tmp_path / 'bad.png'), '--zoom', '2', '1'])
+    assert exit_info.value.code == 2 and '--zoom: zoom must satisfy 0 < low <= high' in capsys.readouterr().err
+    assert not (tmp_path / 'bad.png').exists()
 
 
 def test_cli_runs_as_a_module(tmp_path):

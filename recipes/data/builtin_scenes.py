@@ -596,14 +596,15 @@ class RenderedScenes(Dataset):
 # ---------------------------------------------------------------------------------------------------- CLI
 
 def save_grid(path: Path, resolutions: Sequence[int], per_class: int = 3, split: str = 'train',
-              seed: int = 0, task: str = 'layouts') -> Path:
-    """Save a PNG grid: one row per class, ``per_class`` scenes each shown at every resolution."""
+              seed: int = 0, task: str = 'layouts', zoom: Tuple[float, float] = (1.0, 1.0)) -> Path:
+    """Save a PNG grid: one row per class, ``per_class`` scenes each shown at every resolution (``zoom``: as
+    ``SpatialScenes``, to see what ``--scene-zoom`` trains on)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     classes = TASKS[task]
-    dataset = SpatialScenes(split, num_samples=per_class * len(classes), seed=seed, task=task)
+    dataset = SpatialScenes(split, num_samples=per_class * len(classes), seed=seed, task=task, zoom=zoom)
     cols = per_class * len(resolutions)
     fig, axes = plt.subplots(len(classes), cols, figsize=(1.1 * cols + 1.2, 1.1 * len(classes)), squeeze=False)
     for label, name in enumerate(classes):
@@ -635,6 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--split', choices=SPLITS, default='train', help='split to draw from')
     parser.add_argument('--seed', type=int, default=0, help='dataset seed')
     parser.add_argument('--task', choices=sorted(TASKS), default='layouts', help='class set to show')
+    parser.add_argument('--zoom', type=float, nargs=2, default=(1.0, 1.0), metavar=('LOW', 'HIGH'),
+                        help="magnify each scene by a factor drawn log-uniformly from [LOW, HIGH] (the resolution "
+                             "recipe's --scene-zoom; default 1 1 = off)")
     return parser
 
 
@@ -644,11 +648,15 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f'--resolution: every value must be a positive int, got {args.resolution}')
     if args.per_class <= 0:
         raise ValueError(f'--per-class must be a positive int, got {args.per_class}')
+    try:
+        check_zoom_range(args.zoom)
+    except ValueError as error:
+        raise ValueError(f'--zoom: {error}') from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_checked(build_parser(), validate, argv)
-    print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task)}')
+    print(f'saved {save_grid(args.out, args.resolution, args.per_class, args.split, args.seed, args.task, args.zoom)}')
 
 
 if __name__ == '__main__':
