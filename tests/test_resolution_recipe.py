@@ -385,7 +385,7 @@ def test_builtin_scenes_are_rendered_once_per_process():
     args = recipe.build_parser().parse_args(['train', '--train-samples', '24', '--val-samples', '12'])
     first = recipe.builtin_dataset('train', args, (32, 32))
     assert recipe.builtin_dataset('train', args, (32, 32)) is first  # cached
-    source = SpatialScenes('train', num_samples=24, resolution=32, seed=0, task='clock')
+    source = SpatialScenes('train', num_samples=24, resolution=32, seed=0, task='clock', zoom=recipe.BUILTIN_SCENE_ZOOM)
     for i in (0, 5, 23):
         image, label = first[i]
         assert torch.equal(image, source[i][0]) and label == source[i][1]
@@ -462,27 +462,33 @@ def test_changed_image_folder_refuses_resume_and_eval_on_it(image_folder, tmp_pa
 
 def test_scene_zoom_trains_on_magnified_scenes_is_recorded_and_checked(image_folder, tmp_path):
     """--scene-zoom LOW HIGH: the training stream is SpatialScenes(zoom=(LOW, HIGH)) while validation stays unzoomed;
-    the range is stored in config.json and a resume without it is refused with the folder untouched; a reversed or
-    non-positive range, or a zoom asked of real images, is refused before the run folder exists."""
+    the default is BUILTIN_SCENE_ZOOM (1, 2) on the built-in scenes and off for real images, and a run's config.json
+    stores the range it trained with; a resume with another range is refused with the folder untouched; a reversed
+    or non-positive range, or a zoom asked of real images, is refused before the run folder exists."""
     from vision_priors.recipes.data.builtin_scenes import SpatialScenes
+    assert recipe.BUILTIN_SCENE_ZOOM == (1.0, 2.0)
     args = recipe.build_parser().parse_args(['train', '--train-samples', '24', '--val-samples', '12',
-                                             '--scene-zoom', '1', '2'])
+                                             '--scene-zoom', '1', '1.5'])
     train, val = recipe.builtin_dataset('train', args, (32, 32)), recipe.builtin_dataset('val', args, (32, 32))
-    zoomed = SpatialScenes('train', num_samples=24, resolution=32, seed=0, task='clock', zoom=(1.0, 2.0))
+    zoomed = SpatialScenes('train', num_samples=24, resolution=32, seed=0, task='clock', zoom=(1.0, 1.5))
     plain_val = SpatialScenes('val', num_samples=12, resolution=32, seed=0, task='clock')
     assert all(torch.equal(train[i][0], zoomed[i][0]) and torch.equal(val[i][0], plain_val[i][0]) for i in (0, 7, 11))
     assert not torch.equal(train[7][0], SpatialScenes('train', num_samples=24, task='clock')[7][0])
 
     builtin = ['train', '--model', 'vit_tiny_patch16_goat_224', '--size-overrides', TINY, '--train-res', '32',
                '--batch-size', '4', '--cpu', '--train-samples', '24', '--val-samples', '12', '--updates', '2']
+    recipe.main([*builtin, '--out', str(tmp_path / 'default'), '--updates', '1'])
+    assert json.loads((tmp_path / 'default' / 'config.json').read_text())['args']['scene_zoom'] == [1.0, 2.0]
+    recipe.main(_train_args(tmp_path / 'real', str(image_folder), '--updates', '1'))
+    assert json.loads((tmp_path / 'real' / 'config.json').read_text())['args']['scene_zoom'] == [1.0, 1.0]
     run = tmp_path / 'run'
-    recipe.main([*builtin, '--out', str(run), '--scene-zoom', '1', '2', '--stop-after', '1'])
-    assert json.loads((run / 'config.json').read_text())['args']['scene_zoom'] == [1.0, 2.0]
+    recipe.main([*builtin, '--out', str(run), '--scene-zoom', '1', '1', '--stop-after', '1'])
+    assert json.loads((run / 'config.json').read_text())['args']['scene_zoom'] == [1.0, 1.0]
     config_before = (run / 'config.json').read_bytes()
     with pytest.raises(ValueError, match=r'settings differ .*scene_zoom'):
-        recipe.main([*builtin, '--out', str(run), '--resume'])
+        recipe.main([*builtin, '--out', str(run), '--resume'])  # the default is (1, 2)
     assert (run / 'config.json').read_bytes() == config_before
-    recipe.main([*builtin, '--out', str(run), '--scene-zoom', '1', '2', '--resume'])
+    recipe.main([*builtin, '--out', str(run), '--scene-zoom', '1', '1', '--resume'])
 
     for extra, error in ((['--scene-zoom', '2', '1'], ValueError), (['--scene-zoom', '0', '1'], SystemExit),
                          (['--scene-zoom', '1', '2', '--data', str(image_folder)], ValueError)):
