@@ -18,7 +18,9 @@ the validation data; the best weights go to ``RUN/best``), ``--patience``, ``--a
 ``--threads``, ``--num-workers`` and the optimisation flags (cosine schedule in updates, ``--warmup-frac``).
 
 Evaluation at resolution r uses timm's eval transform for real images (resize to r / crop_pct,
-centre crop r); the built-in scenes are rendered at r directly (the same scene, more patches).
+centre crop r); the built-in scenes are rendered at r directly (the same scene, more patches). Training
+scenes are magnified by a random 1-2x (``--scene-zoom``, the built-in scenes' random-resized crop); real
+images get timm's random-resized crops.
 timm's learned absolute embedding is resampled bicubically when the grid changes
 (``dynamic_img_size=True``); GOAT / PoPE / RoPE models need no resampling.
 
