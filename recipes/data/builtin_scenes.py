@@ -25,7 +25,9 @@ aspect ratio and every part stays in view at any (H, W).
 Augmentation: every ``'layouts'`` class is invariant under horizontal flips (all rules are left/right
 symmetric), so timm's default ``hflip=0.5`` is safe there; a flip maps k o'clock to (12 - k) o'clock, so
 ``'clock'`` must not be flipped. Vertical flips or rotations change the label (``triangle_up`` <->
-``triangle_down``, ``row`` <-> ``column``), and aggressive random-resized crops can cut parts out.
+``triangle_down``, ``row`` <-> ``column``), and aggressive random-resized crops can cut parts out; ``zoom``
+(``SpatialScenes``, :func:`zoom_scene`) is the random-resized crop made for these scenes: it magnifies the parts
+by a random factor, never more than keeps every part whole in view, and so never changes the label.
 
     python -m vision_priors.recipes.data.builtin_scenes --out grid.png --resolution 32 64 --task clock
 """
