@@ -228,11 +228,8 @@ def validate(args: argparse.Namespace) -> None:
     if getattr(args, 'ema_warmup', False) and not args.ema_decay:
         raise ValueError('--ema-warmup ramps the model EMA up: it needs --ema-decay > 0')
     if hasattr(args, 'scene_zoom'):  # resolved here, so a run's config.json stores the range it trained with
-        builtin = data_kind(args.data) == 'builtin'
-        if args.scene_zoom is None:
-            args.scene_zoom = BUILTIN_SCENE_ZOOM if builtin else (1.0, 1.0)
-        args.scene_zoom = check_zoom_range(args.scene_zoom)
-        if args.scene_zoom != (1.0, 1.0) and not builtin:
+        args.scene_zoom = scene_zoom(args)
+        if args.scene_zoom != (1.0, 1.0) and data_kind(args.data) != 'builtin':
             raise ValueError('--scene-zoom magnifies the built-in scenes: real images get random-resized crops '
                              '(timm transform) instead')
     if args.command in ('train', 'compare') and data_kind(args.data) == 'wds' and args.num_classes is None:
@@ -257,10 +254,16 @@ def data_paths(data: Optional[str]) -> List[str]:
     return [data]
 
 
+def scene_zoom(args: argparse.Namespace) -> Tuple[float, float]:
+    """``--scene-zoom`` checked, or its default: ``BUILTIN_SCENE_ZOOM`` on the built-in scenes, off for real images."""
+    if args.scene_zoom is None:
+        return BUILTIN_SCENE_ZOOM if data_kind(args.data) == 'builtin' else (1.0, 1.0)
+    return check_zoom_range(args.scene_zoom)
+
+
 def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
     if split == 'train':
-        return rendered_scenes(split, args.train_samples, tuple(res), args.data_seed, args.task,
-                               tuple(getattr(args, 'scene_zoom', None) or BUILTIN_SCENE_ZOOM))
+        return rendered_scenes(split, args.train_samples, tuple(res), args.data_seed, args.task, scene_zoom(args))
     return rendered_scenes(split, args.val_samples, tuple(res), args.data_seed, args.task)
 
 
