@@ -54,6 +54,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
 import vision_priors  # noqa: F401  (registers our models)
+from vision_priors.models import interpolate_positions
 from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 
 from . import cli
@@ -96,7 +97,15 @@ BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, globa
 # Over seeds 0-5 it brought every method's spread at 1x / 1.5x to <= 5.1 points (from up to 15.9) and at 2x to
 # 1.6-8.5 (from 8.8-17.5) (README, "Scene zoom"); (1, 3) was no better than (1, 2).
 BUILTIN_SCENE_ZOOM = (1.0, 2.0)
-EVAL_ONLY_FLAGS = ('eval_res',)  # a resumed run may change them
+EVAL_ONLY_FLAGS = ('eval_res', 'positions')  # a resumed run may change them
+# How a model measures patch positions on a grid it did not train on (--positions): 'native' = its own way (patch
+# units for GOAT / PoPE / RoPE / LAVO, so offsets beyond the training grid are extrapolated; a learned absolute
+# table is resampled), 'interpolated' = every grid rescaled onto the training grid
+# (vision_priors.models.interpolate_positions; not LAVO, whose window counts patches).
+POSITION_MODES = ('native', 'interpolated')
+POSITION_TITLES = {'native': 'native positions (patch units: offsets beyond the training grid extrapolated; '
+                             'absolute tables resampled)',
+                   'interpolated': 'positions interpolated onto the training grid (ref_feat_shape)'}
 WEIGHT_INITS = ('jax', 'timm')
 # A run's config records its GOAT ViT's top frequency (``goat_max_freq``), which follows the training grid; runs
 # stored before that record (stop 44) had 0.4 rad per patch on every grid, and are rebuilt so.
@@ -157,6 +166,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "table of the training grid (MAE-style, still learned), 'timm' = timm's normal(0.02)")
     g.add_argument('--eval-res', type=parse_resolution, nargs='+', default=[(32, 32), (48, 48), (64, 64)],
                    help='evaluation resolutions, N or HxW')
+    g.add_argument('--positions', nargs='+', choices=POSITION_MODES, default=list(POSITION_MODES),
+                   help="how positions are measured at the evaluation resolutions: 'native' (patch units, "
+                        "extrapolated past the training grid) and / or 'interpolated' (rescaled onto the training "
+                        "grid; LAVO has no such form and is evaluated natively only)")
 
 
 def add_init_args(p: argparse.ArgumentParser) -> None:
@@ -538,18 +551,30 @@ def load_for_eval(source: str, args: argparse.Namespace,
 
 
 def run_eval(args: argparse.Namespace, sources: Sequence[str]) -> List[Dict[str, Any]]:
+    """Top-1 of every source at every ``--eval-res``, once per ``--positions`` mode (native first)."""
     accelerator = make_accelerator(0, mixed_precision=args.amp, cpu=args.cpu)
     rows = []
     for source in sources:
         label, model, config = load_for_eval(source, args, reads=data_paths(args.data))
         for res in args.eval_res:
             check_resolution(model, res, label)
+        train_grid = tuple(model.patch_embed.grid_size)  # the grid of the training resolution
         model = accelerator.prepare(model)
-        for res in args.eval_res:
-            batches = eval_batches(args, accelerator.unwrap_model(model), res, accelerator)
-            metrics = evaluate_classifier(model, batches, accelerator)
-            rows.append(dict(source=source, model=label, seed=config.get('seed'), res=res_name(res), **metrics))
-            accelerator.print(f'{label} seed={config.get("seed")} @ {res_name(res)}: top1 {metrics["top1"]:.2f}')
+        for positions in [mode for mode in POSITION_MODES if mode in args.positions]:
+            if positions == 'interpolated':
+                try:  # in place, after the native pass
+                    interpolate_positions(accelerator.unwrap_model(model), train_grid)
+                except ValueError as error:
+                    accelerator.print(f'{label} seed={config.get("seed")}: evaluated with native positions only '
+                                      f'({error})')
+                    continue
+            for res in args.eval_res:
+                batches = eval_batches(args, accelerator.unwrap_model(model), res, accelerator)
+                metrics = evaluate_classifier(model, batches, accelerator)
+                rows.append(dict(source=source, model=label, seed=config.get('seed'), res=res_name(res),
+                                 positions=positions, **metrics))
+                accelerator.print(f'{label} seed={config.get("seed")} @ {res_name(res)} ({positions} positions): '
+                                  f'top1 {metrics["top1"]:.2f}')
     return rows
 
 
@@ -570,36 +595,41 @@ def format_table(table: Dict[str, Dict[str, Dict[str, float]]], resolutions: Lis
                                    for model, per_res in table.items()])
 
 
-def plot_accuracy(table: Dict[str, Dict[str, Dict[str, float]]], resolutions: List[str], train_res: str,
-                  path: Path, title: str) -> None:
+def plot_accuracy(tables: Dict[str, Dict[str, Dict[str, Dict[str, float]]]], resolutions: List[str],
+                  train_res: str, path: Path, title: str) -> None:
+    """One panel per positions mode: top-1 against resolution, one line per model, seed std as error bars."""
     def pixels(res: str) -> float:
         h, w = parse_resolution(res)
         return math.sqrt(h * w)
 
-    fig, axes = figure()
-    ax = axes[0][0]
-    for model, per_res in table.items():
-        shown = [r for r in resolutions if r in per_res]
-        ax.errorbar([pixels(r) for r in shown], [per_res[r]['mean'] for r in shown],
-                    yerr=[per_res[r]['std'] for r in shown], marker='o', capsize=3, label=model)
-    ax.axvline(pixels(train_res), color='gray', linestyle='--', label=f'train res {train_res}')
-    ax.set_xlabel('evaluation resolution (sqrt(H x W) pixels)')
-    ax.set_ylabel('top-1 accuracy (%)')
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fig, axes = figure(1, len(tables), size=(6.4 * len(tables), 4.2), sharey=True)
+    for ax, (positions, table) in zip(axes[0], tables.items()):
+        for model, per_res in table.items():
+            shown = [r for r in resolutions if r in per_res]
+            ax.errorbar([pixels(r) for r in shown], [per_res[r]['mean'] for r in shown],
+                        yerr=[per_res[r]['std'] for r in shown], marker='o', capsize=3, label=model)
+        ax.axvline(pixels(train_res), color='gray', linestyle='--', label=f'train res {train_res}')
+        ax.set_xlabel('evaluation resolution (sqrt(H x W) pixels)')
+        ax.set_ylabel('top-1 accuracy (%)')
+        ax.set_title(f'{title}\n{positions} positions', fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     save_figure(fig, path)
 
 
 def report(rows: List[Dict[str, Any]], args: argparse.Namespace, out_dir: Path, title: str) -> Dict[str, Any]:
+    """A table per positions mode (printed, in results.json and the plot); ``summary`` is the first mode's."""
     resolutions = [res_name(r) for r in args.eval_res]
-    table = summarize(rows, resolutions)
-    text = format_table(table, resolutions, res_name(args.train_res))
+    by_mode = group_rows(rows, 'positions')
+    tables = {mode: summarize(by_mode[mode], resolutions) for mode in POSITION_MODES if mode in by_mode}
+    text = '\n\n'.join(f'{POSITION_TITLES[mode]}:\n\n{format_table(table, resolutions, res_name(args.train_res))}'
+                        for mode, table in tables.items())
     print(text)
-    results = write_results(out_dir, rows=rows, summary=table, table_markdown=text, args=args)
-    plot_accuracy(table, resolutions, res_name(args.train_res), out_dir / 'accuracy_vs_resolution.png', title)
+    summary = next(iter(tables.values()), {})
+    results = write_results(out_dir, rows=rows, summary=summary, summaries=tables, table_markdown=text, args=args)
+    plot_accuracy(tables, resolutions, res_name(args.train_res), out_dir / 'accuracy_vs_resolution.png', title)
     print(f'saved {results} and {out_dir / "accuracy_vs_resolution.png"}')
-    return dict(rows=rows, summary=table, table_markdown=text)
+    return dict(rows=rows, summary=summary, summaries=tables, table_markdown=text)
 
 
 # --------------------------------------------------------------------------------------- analyze

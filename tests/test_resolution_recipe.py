@@ -83,9 +83,22 @@ def test_folder_train_checkpoint_eval_json_png(image_folder, tmp_path):
     recipe.main(['eval', str(run), '--data', str(image_folder), '--eval-res', '32', '48', '32x64',
                  '--out', str(out), '--batch-size', '4', '--cpu'])
     results = json.loads((out / 'results.json').read_text())
-    assert [r['res'] for r in results['rows']] == ['32', '48', '32x64']
+    assert [(r['res'], r['positions']) for r in results['rows']] == [
+        (res, positions) for positions in ('native', 'interpolated') for res in ('32', '48', '32x64')]
     assert all(r['samples'] == 12 and 0 <= r['top1'] <= 100 for r in results['rows'])
+    by = {(r['res'], r['positions']): r for r in results['rows']}
+    # on the training grid the two ways of measuring positions are the same positions
+    assert by['32', 'native']['top1'] == by['32', 'interpolated']['top1']
+    assert by['32', 'native']['loss'] == pytest.approx(by['32', 'interpolated']['loss'], rel=1e-6)
+    assert set(results['summaries']) == {'native', 'interpolated'}
+    assert results['summary'] == results['summaries']['native']
+    assert 'interpolated onto the training grid' in results['table_markdown']
     assert (out / 'accuracy_vs_resolution.png').stat().st_size > 1000
+    recipe.main(['eval', str(run), '--data', str(image_folder), '--eval-res', '48', '--positions', 'interpolated',
+                 '--out', str(tmp_path / 'eval_interpolated'), '--batch-size', '4', '--cpu'])
+    only = json.loads((tmp_path / 'eval_interpolated' / 'results.json').read_text())['rows']
+    assert [(r['res'], r['positions'], r['top1']) for r in only] == [
+        ('48', 'interpolated', by['48', 'interpolated']['top1'])]
 
 
 def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
@@ -165,7 +178,7 @@ def test_webdataset_shards_train_and_eval(wds_folder, tmp_path):
     recipe.main(['eval', str(run), '--data', f'wds:{wds_folder}', '--num-classes', '3', '--eval-res', '32', '48',
                  '--out', str(out), '--batch-size', '3', '--cpu'])
     rows = json.loads((out / 'results.json').read_text())['rows']
-    assert [r['samples'] for r in rows] == [6, 6]
+    assert [(r['samples'], r['positions']) for r in rows] == [(6, 'native')] * 2 + [(6, 'interpolated')] * 2
 
 
 def test_two_process_accelerate_launch_keeps_parameters_in_sync(image_folder, tmp_path):
@@ -268,7 +281,8 @@ def test_builtin_compare_and_analyze(tmp_path):
     assert set(results['summary']) == {'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224'}
     for per_res in results['summary'].values():
         assert set(per_res) == {'32', '48', '64'} and all(cell['n'] == 2 for cell in per_res.values())
-    assert len(results['rows']) == 2 * 2 * 3 and (out / 'accuracy_vs_resolution.png').exists()
+    assert len(results['rows']) == 2 * 2 * 3 * 2 and (out / 'accuracy_vs_resolution.png').exists()  # x 2 positions
+    assert results['summaries']['interpolated'].keys() == results['summary'].keys()
     analysis = tmp_path / 'analysis'
     recipe.main(['analyze', str(out / 'vit_tiny_patch16_goat_224' / 'seed0'), '--layers', '0', '--heads', '0',
                  '--out', str(analysis)])
@@ -413,7 +427,7 @@ def test_cifar10_data_trains_and_evaluates_at_larger_resolutions(tmp_path, monke
         results = json.loads((out / 'results.json').read_text())
         rows = results['rows']
         per_res = 4 if 'npz' not in spec else 10  # test_batch; 1 of 4 per class
-        assert [r['res'] for r in rows] == ['16', '24'] and all(r['samples'] == per_res for r in rows)
+        assert [r['res'] for r in rows] == ['16', '24'] * 2 and all(r['samples'] == per_res for r in rows)
         config = json.loads((out / 'vit_tiny_patch16_goat_224' / 'seed0' / 'config.json').read_text())
         assert config['data_kind'] == 'cifar10' and config['model_kwargs']['num_classes'] == 10
     with pytest.raises(ValueError, match=r"expected 'cifar10' \(download\) or 'cifar10:PATH'"):

@@ -16,24 +16,24 @@ from .kernel_dispatch import tracing_or_compiling
 __all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords', 'check_mask_args']
 
 
-def _grid_extents(grid_size: Any) -> Tuple[int, int]:
+def _grid_extents(grid_size: Any, name: str = 'grid_size') -> Tuple[int, int]:
     """(rows, cols) as positive ints; Python, numpy and torch integers pass, floats, bools and values < 1 do not."""
     try:
         extents = tuple(grid_size)
     except TypeError:
         extents = ()
     if len(extents) != 2:
-        raise ValueError(f'grid_size must be (rows, cols), two positive integers, got {grid_size!r}')
+        raise ValueError(f'{name} must be (rows, cols), two positive integers, got {grid_size!r}')
     out = []
-    for name, value in zip(('rows', 'cols'), extents):
+    for axis, value in zip(('rows', 'cols'), extents):
         is_bool = isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool)
         try:
             size = -1 if is_bool else operator.index(value)
         except TypeError:
             size = -1
         if size < 1:
-            raise ValueError(f'grid_size must be (rows, cols), two positive integers, got {grid_size!r}: '
-                             f'{name} = {value!r} ({type(value).__name__})')
+            raise ValueError(f'{name} must be (rows, cols), two positive integers, got {grid_size!r}: '
+                             f'{axis} = {value!r} ({type(value).__name__})')
         out.append(size)
     return out[0], out[1]
 
@@ -42,19 +42,24 @@ def grid_coords(
         grid_size: Tuple[int, int],
         device: Optional[torch.device] = None,
         dtype: torch.dtype = torch.float32,
+        ref_grid_size: Optional[Tuple[int, int]] = None,
 ) -> Tensor:
-    """Row-major (x, y) coordinates of a patch grid, in patch units.
+    """Row-major (x, y) coordinates of a patch grid, in patch units (or in units of a reference grid).
 
     Args:
         grid_size: (rows, cols) of the patch grid, positive integers (numpy / torch integers accepted).
         device: Device of the result.
         dtype: Floating dtype of the result.
+        ref_grid_size: (rows, cols) of a reference grid (e.g. the training grid): coordinates are rescaled so
+            that the grid spans it, column ``c`` at ``c * ref_cols / cols`` and row ``r`` at ``r * ref_rows /
+            rows`` (position interpolation; timm's EVA ``ref_feat_shape``). None: patch units.
 
     Returns:
-        (rows * cols, 2) tensor; token ``r * cols + c`` has coordinate ``(c, r)``.
+        (rows * cols, 2) tensor; token ``r * cols + c`` has coordinate ``(c, r)`` (rescaled with a reference).
 
     Raises:
-        ValueError: a grid_size that is not two positive integers (e.g. a float, a bool, 0), naming the value.
+        ValueError: a grid_size or ref_grid_size that is not two positive integers (e.g. a float, a bool, 0),
+            naming the value.
     """
     if not torch.jit.is_scripting():
         rows, cols = _grid_extents(grid_size)
@@ -67,6 +72,15 @@ def grid_coords(
         torch.arange(cols, device=device, dtype=dtype),
         indexing='ij',
     )
+    if ref_grid_size is not None:
+        if not torch.jit.is_scripting():
+            ref_rows, ref_cols = _grid_extents(ref_grid_size, 'ref_grid_size')
+        else:
+            ref_rows, ref_cols = ref_grid_size[0], ref_grid_size[1]
+            if ref_rows < 1 or ref_cols < 1:
+                raise ValueError('ref_grid_size must be two positive integers')
+        xs = xs * (ref_cols / cols)
+        ys = ys * (ref_rows / rows)
     return torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
 
 

@@ -37,23 +37,26 @@ register_notrace_module(LavoCrossAttention)
 
 
 @lru_cache(maxsize=32)
-def _cached_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
+def _cached_grid_coords(rows: int, cols: int, device: torch.device, ref_rows: int, ref_cols: int) -> Tensor:
     # a normal tensor even when first requested under torch.inference_mode: an inference tensor in the
     # cache could not be saved for backward by a later training step (e.g. under grad checkpointing)
     with torch.inference_mode(False):
-        return grid_coords((rows, cols), device=device)
+        return grid_coords((rows, cols), device=device, ref_grid_size=(ref_rows, ref_cols) if ref_rows else None)
 
 
 @torch.fx.wrap
 @register_notrace_function
-def patch_grid_coords(rows: int, cols: int, device: torch.device) -> Tensor:
+def patch_grid_coords(rows: int, cols: int, device: torch.device, ref_rows: int = 0, ref_cols: int = 0) -> Tensor:
     """(rows * cols, 2) (x, y) coordinates of a patch grid, cached per grid and device in eager mode.
 
+    ``ref_rows`` / ``ref_cols`` > 0: rescaled onto that reference grid (``grid_coords``' ``ref_grid_size``).
     A leaf for torch.fx (the grid comes from the input shape), plain code under TorchScript.
     """
     if torch.jit.is_scripting():
+        if ref_rows > 0:
+            return grid_coords((rows, cols), device=device, ref_grid_size=(ref_rows, ref_cols))
         return grid_coords((rows, cols), device=device)
-    return _cached_grid_coords(int(rows), int(cols), torch.device(device))
+    return _cached_grid_coords(int(rows), int(cols), torch.device(device), int(ref_rows), int(ref_cols))
 
 
 class PriorBlock(nn.Module):
@@ -245,6 +248,11 @@ class PriorVisionTransformer(VisionTransformer):
             holds the value used.
         dynamic_img_size: Accept any input size divisible by the patch (default True: these
             models have nothing to resample).
+        ref_feat_shape: (rows, cols) of a reference patch grid, usually the training grid: the patch
+            coordinates of any grid are rescaled to span it (position interpolation, timm EVA's
+            ``ref_feat_shape``; a model trained on 4 x 4 evaluated on 8 x 8 then sees offsets in steps of
+            0.5). None (default): patch units, so offsets beyond the training grid are extrapolated.
+            GOAT and PoPE only: LAVO's local window counts patches. ``set_ref_feat_shape`` changes it.
         **kwargs: Everything timm's ``VisionTransformer`` accepts, except a learned ``pos_embed``
             and ``patch_drop_rate`` (dropping patches would need per-sample coordinates).
     """
@@ -255,6 +263,7 @@ class PriorVisionTransformer(VisionTransformer):
             attn_kwargs: Optional[Dict[str, Any]] = None,
             dynamic_img_size: bool = True,
             global_pool: str = 'token',
+            ref_feat_shape: Optional[Tuple[int, int]] = None,
             **kwargs,
     ) -> None:
         if pos_attn not in POSITIONAL_ATTENTION:
@@ -285,9 +294,35 @@ class PriorVisionTransformer(VisionTransformer):
         if lavo_pool:
             self._make_lavo_pool()
         self.pos_attn = pos_attn
+        self._ref_grid: List[int] = [0, 0]  # (rows, cols) of ref_feat_shape; 0 = patch units
+        self.set_ref_feat_shape(ref_feat_shape)
         self._set_block_grid_size()
 
-    __jit_unused_properties__ = ['goat_max_freq']
+    @torch.jit.ignore
+    def set_ref_feat_shape(self, ref_feat_shape: Optional[Tuple[int, int]]) -> None:
+        """Measure patch positions on this (rows, cols) reference grid (position interpolation), or in patch
+        units (None). Raises ValueError for LAVO (its window counts patches) or a shape that is not two
+        positive integers."""
+        if ref_feat_shape is None:
+            self._ref_grid = [0, 0]
+            return
+        if self.pos_attn == 'lavo':
+            raise ValueError("ref_feat_shape is not supported by LAVO ViTs: the local window and its relative "
+                             "biases count patches, so their positions cannot be rescaled")
+        try:
+            grid_coords((1, 1), ref_grid_size=to_2tuple(ref_feat_shape))  # two positive integers, or ValueError
+        except ValueError as error:
+            raise ValueError(str(error).replace('ref_grid_size', 'ref_feat_shape')) from None
+        rows, cols = to_2tuple(ref_feat_shape)
+        self._ref_grid = [int(rows), int(cols)]
+
+    @property
+    @torch.jit.unused
+    def ref_feat_shape(self) -> Optional[Tuple[int, int]]:
+        """The reference grid patch positions are measured on (``set_ref_feat_shape``); None: patch units."""
+        return (self._ref_grid[0], self._ref_grid[1]) if self._ref_grid[0] else None
+
+    __jit_unused_properties__ = ['goat_max_freq', 'ref_feat_shape']
 
     @property
     def goat_max_freq(self) -> Optional[float]:
@@ -346,7 +381,7 @@ class PriorVisionTransformer(VisionTransformer):
             x = x.reshape(B, H * W, C)
         else:
             H, W = self.patch_embed.grid_size[0], self.patch_embed.grid_size[1]
-        coords = patch_grid_coords(H, W, x.device)
+        coords = patch_grid_coords(H, W, x.device, self._ref_grid[0], self._ref_grid[1])
         to_cat: List[Tensor] = []
         if self.cls_token is not None:
             to_cat.append(self.cls_token.expand(x.shape[0], -1, -1))

@@ -1,0 +1,118 @@
+"""Position interpolation onto a reference grid: ``grid_coords(ref_grid_size=...)``, the GOAT / PoPE ViTs'
+``ref_feat_shape`` and ``interpolate_positions`` for timm's RoPE and absolute-embedding ViTs."""
+import pytest
+import timm
+import torch
+
+import vision_priors  # noqa: F401  (registers the models)
+from vision_priors.layers import grid_coords
+from vision_priors.models import RotaryEmbeddingMixedOnGrid, interpolate_positions
+from timm.layers.pos_embed_sincos import get_mixed_freqs
+
+SMALL = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=3, init_values=1.0,
+             class_token=False, global_pool='avg')  # the main job's layout
+
+
+def _perturbed(name: str, seed: int = 0, **kwargs) -> torch.nn.Module:
+    """A small model whose positional parameters are moved off their start, so positions change outputs."""
+    torch.manual_seed(seed)
+    model = timm.create_model(name, **dict(SMALL, **kwargs)).eval()
+    with torch.no_grad():
+        for name_, p in model.named_parameters():
+            if 'attn' in name_ or 'rope' in name_:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def test_grid_coords_on_a_reference_grid():
+    coords = grid_coords((2, 3), dtype=torch.float64, ref_grid_size=(4, 2))
+    # token r * 3 + c sits at (c * 2 / 3, r * 4 / 2)
+    expected = torch.tensor([[c * 2 / 3, r * 2.0] for r in range(2) for c in range(3)], dtype=torch.float64)
+    assert torch.equal(coords, expected)
+    assert torch.equal(grid_coords((5, 7), ref_grid_size=(5, 7)), grid_coords((5, 7)))
+    for bad, message in (((0, 3), 'rows = 0'), ((2, 2.5), 'cols = 2.5'), ((2,), 'got \\(2,\\)')):
+        with pytest.raises(ValueError, match=f'ref_grid_size must be \\(rows, cols\\).*{message}'):
+            grid_coords((2, 3), ref_grid_size=bad)
+
+
+@pytest.mark.parametrize('name', ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224'])
+def test_prior_vit_ref_feat_shape_rescales_the_coordinates_its_blocks_see(name):
+    model = _perturbed(name, ref_feat_shape=(4, 4))
+    native = _perturbed(name)
+    assert model.ref_feat_shape == (4, 4) and native.ref_feat_shape is None
+    small, large = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 40, 64)  # 4 x 4 (training) and 5 x 8 grids
+    with torch.no_grad():
+        assert torch.equal(model(small), native(small))  # on the reference grid: the same positions
+        assert (model(large) - native(large)).abs().max() > 1e-3  # elsewhere: other positions
+        # the blocks get (c * 4 / 8, r * 4 / 5), written out here, not taken from the model
+        x = model.patch_embed(large)
+        rows, cols = x.shape[1], x.shape[2]
+        coords = torch.tensor([[c * 4 / cols, r * 4 / rows] for r in range(rows) for c in range(cols)])
+        x = x.reshape(x.shape[0], rows * cols, -1)
+        for blk in model.blocks:
+            x = blk(x, coords, [rows, cols])
+        by_hand = model.forward_head(model.norm(x))
+        assert torch.allclose(model(large), by_hand, atol=1e-6, rtol=1e-5)
+        scripted = torch.jit.script(model)
+        assert torch.allclose(scripted(large), model(large), atol=1e-6, rtol=1e-5)
+        model.set_ref_feat_shape(None)
+        assert model.ref_feat_shape is None and torch.equal(model(large), native(large))
+
+
+def test_prior_vit_ref_feat_shape_errors():
+    with pytest.raises(ValueError, match="not supported by LAVO ViTs: the local window"):
+        timm.create_model('vit_tiny_patch16_lavo_224', **SMALL, ref_feat_shape=(4, 4))
+    lavo = timm.create_model('vit_tiny_patch16_lavo_224', **SMALL)
+    with pytest.raises(ValueError, match='not supported by LAVO'):
+        interpolate_positions(lavo, (4, 4))
+    goat = timm.create_model('vit_tiny_patch16_goat_224', **SMALL)
+    with pytest.raises(ValueError, match=r'ref_feat_shape must be \(rows, cols\).*rows = 0'):
+        goat.set_ref_feat_shape((0, 4))
+    with pytest.raises(ValueError, match=r'ref_feat_shape must be .*cols = 3.5'):
+        goat.set_ref_feat_shape((4, 3.5))
+    assert goat.ref_feat_shape is None  # unchanged by the refused calls
+
+
+def test_axial_rope_interpolation_equals_timms_own_ref_feat_shape():
+    kwargs = dict(dynamic_img_size=True)
+    model = _perturbed('vit_small_patch16_rope_224', **kwargs)
+    reference = timm.create_model('vit_small_patch16_rope_224', **SMALL, **kwargs, ref_feat_shape=(4, 4)).eval()
+    reference.load_state_dict(model.state_dict())
+    large = torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        features = model.forward_features  # timm's Eva heads start near zero: compare the features
+        assert (features(large) - reference.forward_features(large)).abs().max() > 1e-3
+        interpolate_positions(model, (4, 4))
+        assert torch.equal(features(large), reference.forward_features(large))
+
+
+def test_mixed_rope_interpolation_rescales_its_grid():
+    model = _perturbed('vit_small_patch16_rope_mixed_224', dynamic_img_size=True)
+    keys = list(model.state_dict())
+    small, large = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        features = model.forward_features  # timm's Eva heads start near zero: compare the features
+        before_small, before_large = features(small), features(large)
+        interpolate_positions(model, (4, 4))
+        assert isinstance(model.rope, RotaryEmbeddingMixedOnGrid) and list(model.state_dict()) == keys
+        assert torch.equal(features(small), before_small)
+        assert (features(large) - before_large).abs().max() > 1e-3
+        # 8 x 6 grid: column c at c * 4 / 6, row r at r * 4 / 8 ('xy' grid: x first)
+        rows, cols = torch.meshgrid(torch.arange(8.), torch.arange(6.), indexing='ij')
+        expected = get_mixed_freqs(model.rope.freqs, (cols * 4 / 6).reshape(-1), (rows * 4 / 8).reshape(-1))
+        assert torch.allclose(model.rope.get_embed(shape=[8, 6]), expected, atol=1e-6)
+
+
+def test_absolute_embedding_is_already_interpolated_and_other_models_are_refused():
+    model = _perturbed('vit_tiny_patch16_224', dynamic_img_size=True)
+    large = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model(large)
+        interpolate_positions(model, (4, 4))
+        assert torch.equal(model(large), before)
+    fixed = timm.create_model('vit_tiny_patch16_224', **SMALL)
+    with pytest.raises(ValueError, match='without dynamic_img_size=True'):
+        interpolate_positions(fixed, (4, 4))
+    no_positions = timm.create_model('vit_tiny_patch16_224', **SMALL, dynamic_img_size=True, pos_embed='none')
+    with pytest.raises(ValueError, match='has no position scheme interpolate_positions knows'):
+        interpolate_positions(no_positions, (4, 4))
