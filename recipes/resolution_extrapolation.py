@@ -22,7 +22,11 @@ centre crop r); the built-in scenes are rendered at r directly (the same scene, 
 scenes are magnified by a random 1-2x (``--scene-zoom``, the built-in scenes' random-resized crop); real
 images get timm's random-resized crops.
 timm's learned absolute embedding is resampled bicubically when the grid changes
-(``dynamic_img_size=True``); GOAT / PoPE / RoPE models need no resampling.
+(``dynamic_img_size=True``); GOAT / PoPE / RoPE models need no resampling. ``--positions`` (eval and compare)
+evaluates every model twice by default: with its native positions (patch units, so offsets beyond the training
+grid are extrapolated; the absolute table resampled) and with its positions interpolated onto the training grid
+(``vision_priors.models.interpolate_positions``: GOAT / PoPE ``ref_feat_shape``, timm's RoPE rescaled; LAVO's
+window counts patches, so LAVO has the native form only). The table, ``results.json`` and the plot show both.
 
 Full ImageNet protocol (paper: ViT-S/16, 224 px, 150 epochs), e.g. on 8 GPUs:
 
