@@ -25,8 +25,8 @@ timm's learned absolute embedding is resampled bicubically when the grid changes
 (``dynamic_img_size=True``); GOAT / PoPE / RoPE models need no resampling. ``--positions`` (eval and compare)
 evaluates every model twice by default: with its native positions (patch units, so offsets beyond the training
 grid are extrapolated; the absolute table resampled) and with its positions interpolated onto the training grid
-(``vision_priors.models.interpolate_positions``: GOAT / PoPE ``ref_feat_shape``, timm's RoPE rescaled; LAVO's
-window counts patches, so LAVO has the native form only). The table, ``results.json`` and the plot show both.
+(``vision_priors.models.interpolate_positions``: GOAT / PoPE coordinates and LAVO's 2D window rescaled through
+``ref_feat_shape``, timm's RoPE through its own). The table, ``results.json`` and the plot show both.
 
 Full ImageNet protocol (paper: ViT-S/16, 224 px, 150 epochs), e.g. on 8 GPUs:
 
@@ -105,7 +105,7 @@ EVAL_ONLY_FLAGS = ('eval_res', 'positions')  # a resumed run may change them
 # How a model measures patch positions on a grid it did not train on (--positions): 'native' = its own way (patch
 # units for GOAT / PoPE / RoPE / LAVO, so offsets beyond the training grid are extrapolated; a learned absolute
 # table is resampled), 'interpolated' = every grid rescaled onto the training grid
-# (vision_priors.models.interpolate_positions; not LAVO, whose window counts patches).
+# (vision_priors.models.interpolate_positions; LAVO: its 2D window and relative bias table rescaled).
 POSITION_MODES = ('native', 'interpolated')
 POSITION_TITLES = {'native': 'native positions (patch units: offsets beyond the training grid extrapolated; '
                              'absolute tables resampled)',
@@ -173,7 +173,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument('--positions', nargs='+', choices=POSITION_MODES, default=list(POSITION_MODES),
                    help="how positions are measured at the evaluation resolutions: 'native' (patch units, "
                         "extrapolated past the training grid) and / or 'interpolated' (rescaled onto the training "
-                        "grid; LAVO has no such form and is evaluated natively only)")
+                        "grid: LAVO's window and bias table rescaled)")
 
 
 def add_init_args(p: argparse.ArgumentParser) -> None:

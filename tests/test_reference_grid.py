@@ -1,11 +1,16 @@
-"""Position interpolation onto a reference grid: ``grid_coords(ref_grid_size=...)``, the GOAT / PoPE ViTs'
-``ref_feat_shape`` and ``interpolate_positions`` for timm's RoPE and absolute-embedding ViTs."""
+"""Position interpolation onto a reference grid: ``grid_coords(ref_grid_size=...)``, LAVO's rescaled 2D window
+(``rescale_window_2d``, against a float64 reference), the GOAT / PoPE / LAVO ViTs' ``ref_feat_shape`` and
+``interpolate_positions`` for timm's RoPE and absolute-embedding ViTs."""
+import copy
+import math
+
 import pytest
 import timm
 import torch
 
 import vision_priors  # noqa: F401  (registers the models)
-from vision_priors.layers import grid_coords
+from vision_priors.layers import LavoAttention, grid_coords
+from vision_priors.layers.lavo import rescale_window_2d
 from vision_priors.models import RotaryEmbeddingMixedOnGrid, interpolate_positions
 from timm.layers.pos_embed_sincos import get_mixed_freqs
 
@@ -59,12 +64,91 @@ def test_prior_vit_ref_feat_shape_rescales_the_coordinates_its_blocks_see(name):
         assert model.ref_feat_shape is None and torch.equal(model(large), native(large))
 
 
+def _window_reference(w2, table, grid, ref):
+    """The rescaled window written out offset by offset in float64: radius floor((w2 - 1) max s); the bias of
+    (dy, dx) is the bilinear interpolation of the trained table at (dy / s_y, dx / s_x), -inf outside the window."""
+    sy, sx = grid[0] / ref[0], grid[1] / ref[1]
+    radius = math.floor((w2 - 1) * max(sy, sx) + 1e-9)
+    kw = 2 * w2 - 1
+    t = table.double().reshape(kw, kw)
+    out = []
+    for dy in range(-radius, radius + 1):
+        for dx in range(-radius, radius + 1):
+            u, v = dy / sy, dx / sx
+            if abs(u) > w2 - 1 + 1e-9 or abs(v) > w2 - 1 + 1e-9:
+                out.append(-math.inf)
+                continue
+            i, j = u + w2 - 1, v + w2 - 1
+            i0, j0 = math.floor(i), math.floor(j)
+            i1, j1 = min(i0 + 1, kw - 1), min(j0 + 1, kw - 1)
+            fi, fj = i - i0, j - j0
+            out.append((1 - fi) * ((1 - fj) * t[i0, j0] + fj * t[i0, j1])
+                       + fi * ((1 - fj) * t[i1, j0] + fj * t[i1, j1]))
+    return radius + 1, torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('grid, ref', [((8, 8), (4, 4)), ((6, 8), (4, 4)), ((5, 3), (4, 4)), ((2, 2), (4, 4)),
+                                       ((9, 9), (4, 4))])
+def test_rescale_window_2d_against_a_float64_reference(grid, ref):
+    torch.manual_seed(0)
+    table = torch.randn(49, dtype=torch.float64)
+    w2, rescaled = rescale_window_2d(4, table, grid, ref)
+    w2_ref, expected = _window_reference(4, table, grid, ref)
+    assert w2 == w2_ref and rescaled.shape == ((2 * w2 - 1) ** 2,)
+    assert torch.equal(torch.isinf(rescaled), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    assert torch.allclose(rescaled[finite], expected[finite], atol=1e-12, rtol=0)
+    if grid == (8, 8):  # twice the grid: even offsets are the trained entries, the window 13 x 13
+        assert w2 == 7 and torch.equal(rescaled.reshape(13, 13)[::2, ::2], table.reshape(7, 7))
+    assert rescale_window_2d(4, None, (8, 8), (4, 4)) == (7, None)  # no EPE, one scale: only the window grows
+    w2_none, no_epe = rescale_window_2d(4, None, (6, 8), (4, 4))  # two scales: the narrower axis is cut
+    assert torch.equal(torch.isinf(no_epe), torch.isinf(_window_reference(4, torch.zeros(49), (6, 8), (4, 4))[1]))
+
+
+@pytest.mark.parametrize('dissection', ['block', 'sliding'])
+@pytest.mark.parametrize('key_mask', [False, True])  # True takes the tiled path instead of the dense mask
+def test_lavo_layer_on_a_reference_grid_equals_the_rescaled_window(dissection, key_mask):
+    torch.manual_seed(1)
+    layer = LavoAttention(32, num_heads=2, num_slots=8, causal=False, num_spatial_dims=2, window_2d=3,
+                          dissection=dissection).double()
+    with torch.no_grad():
+        layer.rel_bias_2d.normal_()
+    by_hand = copy.deepcopy(layer)
+    grid, ref = (7, 9), (3, 4)
+    x = torch.randn(2, 1 + 63, 32, dtype=torch.float64)
+    mask = torch.ones(2, 64, dtype=torch.bool) if key_mask else None
+    layer.set_ref_grid_size(ref)
+    out = layer(x, key_mask=mask, grid_size=[7, 9], num_prefix_tokens=1)
+    w2, table = rescale_window_2d(3, layer.rel_bias_2d, grid, ref)
+    by_hand.window_2d = w2
+    by_hand.rel_bias_2d = torch.nn.Parameter(table.detach())
+    assert torch.allclose(out, by_hand(x, key_mask=mask, grid_size=[7, 9], num_prefix_tokens=1), atol=1e-12)
+    out.square().sum().backward()  # the trained table gets the gradient through the rescaling
+    assert layer.rel_bias_2d.grad is not None and layer.rel_bias_2d.grad.abs().sum() > 0
+    x_ref = torch.randn(2, 1 + 12, 32, dtype=torch.float64)  # on the reference grid: the plain layer
+    plain = copy.deepcopy(layer)
+    plain.set_ref_grid_size(None)
+    assert torch.equal(layer(x_ref, grid_size=[3, 4], num_prefix_tokens=1),
+                       plain(x_ref, grid_size=[3, 4], num_prefix_tokens=1))
+    with pytest.raises(ValueError, match=r'ref_grid_size must be \(rows, cols\), two positive integers, got \(0, 4\)'):
+        layer.set_ref_grid_size((0, 4))
+
+
+def test_lavo_vit_ref_feat_shape():
+    model = _perturbed('vit_tiny_patch16_lavo_224', ref_feat_shape=(4, 4))
+    native = _perturbed('vit_tiny_patch16_lavo_224')
+    small, large = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(small), native(small))
+        assert (model(large) - native(large)).abs().max() > 1e-3
+        assert all(blk.attn._ref_grid == [4, 4] for blk in model.blocks)
+        scripted = torch.jit.script(model)
+        assert torch.allclose(scripted(large), model(large), atol=1e-6, rtol=1e-5)
+        interpolate_positions(native, (4, 4))
+        assert torch.equal(native(large), model(large))
+
+
 def test_prior_vit_ref_feat_shape_errors():
-    with pytest.raises(ValueError, match="not supported by LAVO ViTs: the local window"):
-        timm.create_model('vit_tiny_patch16_lavo_224', **SMALL, ref_feat_shape=(4, 4))
-    lavo = timm.create_model('vit_tiny_patch16_lavo_224', **SMALL)
-    with pytest.raises(ValueError, match='not supported by LAVO'):
-        interpolate_positions(lavo, (4, 4))
     goat = timm.create_model('vit_tiny_patch16_goat_224', **SMALL)
     with pytest.raises(ValueError, match=r'ref_feat_shape must be \(rows, cols\).*rows = 0'):
         goat.set_ref_feat_shape((0, 4))

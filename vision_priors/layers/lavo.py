@@ -62,7 +62,7 @@ from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d_sum,
 
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
-__all__ = ['LavoAttention', 'LavoCrossAttention', 'LavoState', 'OrthogonalBasis', 'code_read']
+__all__ = ['LavoAttention', 'LavoCrossAttention', 'LavoState', 'OrthogonalBasis', 'code_read', 'rescale_window_2d']
 
 _BASIS_MODES = ('fixed', 'orthogonal', 'penalty')
 _DISSECTION_MODES = ('block', 'sliding')
@@ -173,6 +173,52 @@ def dense_window_mask(gh: int, gw: int, w2: int, num_prefix_tokens: int, rel_bia
     return torch.cat([top, bottom], dim=0)
 
 
+def _rescaled_axis(radius: int, scale: float, w2: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For offsets -radius..radius on an axis scaled by ``scale``: the table rows below / above offset / scale, the
+    bilinear weight of the upper one, and whether offset / scale lies within the trained window (|.| <= w2 - 1)."""
+    old = torch.arange(-radius, radius + 1, dtype=torch.float64) / scale
+    inside = old.abs() <= (w2 - 1) + 1e-9
+    pos = (old + (w2 - 1)).clamp(0, 2 * (w2 - 1))
+    low = pos.floor().long()
+    high = (low + 1).clamp(max=2 * (w2 - 1))
+    return low, high, pos - low.to(torch.float64), inside
+
+
+def rescale_window_2d(w2: int, rel_bias: Optional[Tensor], grid: Tuple[int, int],
+                      ref_grid: Tuple[int, int]) -> Tuple[int, Optional[Tensor]]:
+    """The 2D window of a layer trained on ``ref_grid`` patches, rescaled for ``grid`` (position interpolation).
+
+    With scales ``s = grid / ref_grid`` per axis the window reaches ``(w2 - 1) s`` patches (radius
+    ``floor((w2 - 1) max(s))``), and the relative bias of offset (dy, dx) is the trained table ``P`` (Sec. 3.3) read
+    bilinearly at (dy / s_y, dx / s_x), as Swin resamples its relative-position table; offsets beyond the trained
+    window on an axis with the smaller scale get ``-inf`` (outside the window).
+
+    Args:
+        w2: The trained window (``|dy|, |dx| <= w2 - 1``).
+        rel_bias: Its ``(2 w2 - 1)^2`` table (dy-major), or None without EPE.
+        grid: (rows, cols) of the patch grid evaluated.
+        ref_grid: (rows, cols) of the training grid.
+
+    Returns:
+        (w2', table') for ``grid``: the window and its ``(2 w2' - 1)^2`` table (None without EPE on equal scales).
+    """
+    sy, sx = grid[0] / ref_grid[0], grid[1] / ref_grid[1]
+    radius = int((w2 - 1) * max(sy, sx) + 1e-9)
+    if rel_bias is None and sy == sx:
+        return radius + 1, None
+    kw = 2 * w2 - 1
+    table = rel_bias.view(kw, kw) if rel_bias is not None else torch.zeros(kw, kw)
+    ly, hy, fy, iy = _rescaled_axis(radius, sy, w2)
+    lx, hx, fx, ix = _rescaled_axis(radius, sx, w2)
+    ly, hy, lx, hx = ly.to(table.device), hy.to(table.device), lx.to(table.device), hx.to(table.device)
+    fy, fx = fy.to(table.device, table.dtype)[:, None], fx.to(table.device, table.dtype)[None, :]
+    rows_low, rows_high = table[ly], table[hy]
+    out = ((1 - fy) * ((1 - fx) * rows_low[:, lx] + fx * rows_low[:, hx])
+           + fy * ((1 - fx) * rows_high[:, lx] + fx * rows_high[:, hx]))
+    inside = (iy[:, None] & ix[None, :]).to(table.device)
+    return radius + 1, out.masked_fill(~inside, float('-inf')).reshape(-1)
+
+
 @dataclass
 class LavoState:
     """Fixed-size decoding state of causal :class:`LavoAttention` (Eq. 4).
@@ -207,6 +253,7 @@ class LavoAttention(nn.Module):
             uses (no parameter without gradient) and rejects the other layout.
         window_2d: w2 of the non-causal 2D window used when ``grid_size`` is passed: neighbours with
             ``|dy|, |dx| <= w2 - 1`` (default 4: a 7 x 7 neighbourhood, 4 x 4 dissection tiles).
+            :meth:`set_ref_grid_size` rescales it (and its bias table) on grids other than a reference grid.
         use_epe: Embedded relative position bias P (Sec. 3.3).
         context_dissection: Compress local aggregates instead of raw values (Sec. 3.2).
         dissection: 'block' (within the own window of w tokens) or 'sliding' (the local-branch output).
@@ -281,6 +328,28 @@ class LavoAttention(nn.Module):
         self.rel_bias_2d = (
             nn.Parameter(torch.zeros((2 * self.window_2d - 1) ** 2))
             if needs_bias and not causal and num_spatial_dims != 1 else None)
+        self._ref_grid: List[int] = [0, 0]  # (rows, cols) the 2D window is measured on; 0: patches
+
+    @torch.jit.ignore
+    def set_ref_grid_size(self, ref_grid_size: Optional[Tuple[int, int]]) -> None:
+        """Measure the 2D window on this (rows, cols) reference grid, usually the training grid: on another grid
+        the window and its bias table are rescaled (:func:`rescale_window_2d`, position interpolation). None:
+        in patches (the default)."""
+        if ref_grid_size is None:
+            self._ref_grid = [0, 0]
+            return
+        rows, cols = ref_grid_size
+        if isinstance(rows, bool) or isinstance(cols, bool) or int(rows) != rows or int(cols) != cols \
+                or rows < 1 or cols < 1:
+            raise ValueError(f'ref_grid_size must be (rows, cols), two positive integers, got {ref_grid_size!r}')
+        self._ref_grid = [int(rows), int(cols)]
+
+    def _window_2d_for(self, grid: Tuple[int, int]) -> Tuple[int, Optional[Tensor]]:
+        """(w2, relative bias table or None) of the 2D window on ``grid``."""
+        bias = self.rel_bias_2d if self.use_epe else None
+        if self._ref_grid[0] == 0 or (grid[0] == self._ref_grid[0] and grid[1] == self._ref_grid[1]):
+            return self.window_2d, bias
+        return rescale_window_2d(self.window_2d, bias, grid, (self._ref_grid[0], self._ref_grid[1]))
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, num_slots={self.num_slots}, window={self.window}, '
@@ -341,8 +410,7 @@ class LavoAttention(nn.Module):
     ) -> Tensor:
         """Local branch on a grid input: prefix tokens attend among themselves, patches to their 2D neighbourhood."""
         gh, gw = grid
-        w2 = self.window_2d
-        bias = self.rel_bias_2d if self.use_epe else None
+        w2, bias = self._window_2d_for(grid)
         if valid is None and dense_window_is_cheaper(gh, gw, w2):
             # small grid: one fused (L x L) masked attention, prefix tokens included (same result)
             mask = dense_window_mask(gh, gw, w2, n_pre, bias, q.dtype, q.device)
@@ -385,10 +453,10 @@ class LavoAttention(nn.Module):
         """H of Eq. 3 over the block-dissection aggregates of a grid input (the prefix tokens' own local
         outputs and the patches' ``w2 x w2`` tile outputs), from their sum (:func:`tile_block_2d_sum`)."""
         gh, gw = grid
-        bias = self.rel_bias_2d if self.use_epe else None
+        w2, bias = self._window_2d_for(grid)
         pvalid = None if valid is None else valid[:, n_pre:]
         z_sum = tile_block_2d_sum(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], pvalid, gh, gw,
-                                  self.window_2d, bias, self.scale, self._drop_p())
+                                  w2, bias, self.scale, self._drop_p())
         if n_pre > 0:
             z_pre = self._prefix_local(q, k, v, valid, n_pre)
             if valid is not None:
@@ -420,12 +488,12 @@ class LavoAttention(nn.Module):
         the patches, and the CODE mean over every valid token (``lavo_global``). The prefix tokens' local branch
         (attention among themselves) is the torch path's own code: it is n_pre x n_pre."""
         from vision_priors.kernels.lavo import lavo_global, lavo_local_2d
-        bias = self.rel_bias_2d if self.use_epe else None
+        w2, bias = self._window_2d_for(grid)
         pvalid = None if valid is None else valid[:, n_pre:]
 
         def local(mode: str) -> Tensor:
             f = lavo_local_2d(q[:, :, n_pre:], k[:, :, n_pre:], v[:, :, n_pre:], bias, self.scale, grid,
-                              self.window_2d, key_mask=pvalid, mode=mode, backend='triton')
+                              w2, key_mask=pvalid, mode=mode, backend='triton')
             return f if n_pre == 0 else torch.cat([self._prefix_local(q, k, v, valid, n_pre), f], dim=2)
 
         f_local = local('sliding') if self.use_local else None

@@ -3,8 +3,9 @@
 Evaluated on a larger patch grid than it trained on, a ViT either extrapolates its positions (patch units: offsets
 it never saw) or interpolates them (the grid rescaled onto the training grid, so offsets come in finer steps
 within the trained range). timm's learned absolute embeddings only interpolate (``resample_abs_pos_embed``); its
-EVA-style axial RoPE does either (``ref_feat_shape``); its mixed RoPE has no option; the package's GOAT and PoPE
-ViTs take ``ref_feat_shape`` too. :func:`interpolate_positions` switches a built model, whatever its family.
+EVA-style axial RoPE does either (``ref_feat_shape``); its mixed RoPE has no option; the package's GOAT, PoPE and
+LAVO ViTs take ``ref_feat_shape`` too (LAVO: its 2D window and bias table rescaled). :func:`interpolate_positions`
+switches a built model, whatever its family.
 """
 from typing import Optional, Sequence, Tuple
 
@@ -36,13 +37,12 @@ class RotaryEmbeddingMixedOnGrid(RotaryEmbeddingMixed):
 
 def interpolate_positions(model: nn.Module, ref_feat_shape: Tuple[int, int]) -> None:
     """Measure ``model``'s patch positions on the (rows, cols) grid ``ref_feat_shape`` (usually the training
-    grid), in place: GOAT / PoPE ViTs (``set_ref_feat_shape``), timm's axial RoPE (its ``ref_feat_shape``) and
+    grid), in place: GOAT / PoPE / LAVO ViTs (``set_ref_feat_shape``), timm's axial RoPE (its ``ref_feat_shape``) and
     mixed RoPE (:class:`RotaryEmbeddingMixedOnGrid`). A learned absolute embedding is resampled onto every grid
     already, so such a model is left as it is.
 
     Raises:
-        ValueError: a LAVO ViT (its window counts patches), a model built without ``dynamic_img_size``, or a
-            model with none of these position schemes.
+        ValueError: a model built without ``dynamic_img_size``, or a model with none of these position schemes.
     """
     rows, cols = to_2tuple(ref_feat_shape)
     if isinstance(model, PriorVisionTransformer):

@@ -252,7 +252,8 @@ class PriorVisionTransformer(VisionTransformer):
             coordinates of any grid are rescaled to span it (position interpolation, timm EVA's
             ``ref_feat_shape``; a model trained on 4 x 4 evaluated on 8 x 8 then sees offsets in steps of
             0.5). None (default): patch units, so offsets beyond the training grid are extrapolated.
-            GOAT and PoPE only: LAVO's local window counts patches. ``set_ref_feat_shape`` changes it.
+            LAVO: its 2D window and relative bias table are rescaled instead (``rescale_window_2d``).
+            ``set_ref_feat_shape`` changes it.
         **kwargs: Everything timm's ``VisionTransformer`` accepts, except a learned ``pos_embed``
             and ``patch_drop_rate`` (dropping patches would need per-sample coordinates).
     """
@@ -301,20 +302,24 @@ class PriorVisionTransformer(VisionTransformer):
     @torch.jit.ignore
     def set_ref_feat_shape(self, ref_feat_shape: Optional[Tuple[int, int]]) -> None:
         """Measure patch positions on this (rows, cols) reference grid (position interpolation), or in patch
-        units (None). Raises ValueError for LAVO (its window counts patches) or a shape that is not two
+        units (None): GOAT / PoPE coordinates, LAVO's 2D window. Raises ValueError for a shape that is not two
         positive integers."""
         if ref_feat_shape is None:
             self._ref_grid = [0, 0]
+            self._set_block_ref_grid(None)
             return
-        if self.pos_attn == 'lavo':
-            raise ValueError("ref_feat_shape is not supported by LAVO ViTs: the local window and its relative "
-                             "biases count patches, so their positions cannot be rescaled")
         try:
             grid_coords((1, 1), ref_grid_size=to_2tuple(ref_feat_shape))  # two positive integers, or ValueError
         except ValueError as error:
             raise ValueError(str(error).replace('ref_grid_size', 'ref_feat_shape')) from None
         rows, cols = to_2tuple(ref_feat_shape)
         self._ref_grid = [int(rows), int(cols)]
+        self._set_block_ref_grid((int(rows), int(cols)))
+
+    def _set_block_ref_grid(self, ref_grid: Optional[Tuple[int, int]]) -> None:
+        for blk in self.blocks:
+            if hasattr(blk.attn, 'set_ref_grid_size'):  # LAVO: the 2D window is rescaled
+                blk.attn.set_ref_grid_size(ref_grid)
 
     @property
     @torch.jit.unused
