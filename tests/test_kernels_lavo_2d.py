@@ -188,12 +188,17 @@ def _pair(**kwargs):
     return fast, exact
 
 
-@pytest.mark.parametrize('dissection,n_pre,masked', [('block', 1, True), ('sliding', 0, False), ('sliding', 2, True)])
-def test_layer_grid_kernel_path_matches_torch_path(monkeypatch, dissection, n_pre, masked):
+@pytest.mark.parametrize('dissection,n_pre,masked,ref', [
+    ('block', 1, True, None), ('sliding', 0, False, None), ('sliding', 2, True, None),
+    # a window rescaled from a 1 x 2 reference grid (scales 3 / 2.5: w2 3, the table read at fractional offsets)
+    ('sliding', 0, False, (1, 2)), ('block', 1, True, (1, 2))])
+def test_layer_grid_kernel_path_matches_torch_path(monkeypatch, dissection, n_pre, masked, ref):
     calls = []
     real = K._LavoLocal2dFn.apply
     monkeypatch.setattr(K._LavoLocal2dFn, 'apply', lambda *a: calls.append(a[-1]) or real(*a))
     fast, exact = _pair(dim=32, num_heads=2, num_slots=8, window=4, causal=False, window_2d=2, dissection=dissection)
+    fast.set_ref_grid_size(ref)
+    exact.set_ref_grid_size(ref)
     gh, gw = 3, 5
     length = n_pre + gh * gw
     x = torch.randn(2, length, 32, generator=torch.Generator().manual_seed(1)).to(DEV)

@@ -173,15 +173,13 @@ def dense_window_mask(gh: int, gw: int, w2: int, num_prefix_tokens: int, rel_bia
     return torch.cat([top, bottom], dim=0)
 
 
-def _rescaled_axis(radius: int, scale: float, w2: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """For offsets -radius..radius on an axis scaled by ``scale``: the table rows below / above offset / scale, the
-    bilinear weight of the upper one, and whether offset / scale lies within the trained window (|.| <= w2 - 1)."""
-    old = torch.arange(-radius, radius + 1, dtype=torch.float64) / scale
-    inside = old.abs() <= (w2 - 1) + 1e-9
-    pos = (old + (w2 - 1)).clamp(0, 2 * (w2 - 1))
+def _rescaled_axis(radius: int, scale: float, w2: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """For offsets -radius..radius on an axis scaled by ``scale``: the table rows below / above offset / scale (within
+    the trained window, ``radius <= (w2 - 1) scale``) and the bilinear weight of the upper one."""
+    pos = (torch.arange(-radius, radius + 1, dtype=torch.float64) / scale + (w2 - 1)).clamp(0, 2 * (w2 - 1))
     low = pos.floor().long()
     high = (low + 1).clamp(max=2 * (w2 - 1))
-    return low, high, pos - low.to(torch.float64), inside
+    return low, high, pos - low.to(torch.float64)
 
 
 def rescale_window_2d(w2: int, rel_bias: Optional[Tensor], grid: Tuple[int, int],
@@ -189,9 +187,9 @@ def rescale_window_2d(w2: int, rel_bias: Optional[Tensor], grid: Tuple[int, int]
     """The 2D window of a layer trained on ``ref_grid`` patches, rescaled for ``grid`` (position interpolation).
 
     With scales ``s = grid / ref_grid`` per axis the window reaches ``(w2 - 1) s`` patches (radius
-    ``floor((w2 - 1) max(s))``), and the relative bias of offset (dy, dx) is the trained table ``P`` (Sec. 3.3) read
-    bilinearly at (dy / s_y, dx / s_x), as Swin resamples its relative-position table; offsets beyond the trained
-    window on an axis with the smaller scale get ``-inf`` (outside the window).
+    ``floor((w2 - 1) s)``; the smaller scale where the axes differ, as the layer has one square window), and the
+    relative bias of offset (dy, dx) is the trained table ``P`` (Sec. 3.3) read bilinearly at (dy / s_y, dx / s_x),
+    as Swin resamples its relative-position table.
 
     Args:
         w2: The trained window (``|dy|, |dx| <= w2 - 1``).
@@ -200,23 +198,22 @@ def rescale_window_2d(w2: int, rel_bias: Optional[Tensor], grid: Tuple[int, int]
         ref_grid: (rows, cols) of the training grid.
 
     Returns:
-        (w2', table') for ``grid``: the window and its ``(2 w2' - 1)^2`` table (None without EPE on equal scales).
+        (w2', table') for ``grid``: the window and its ``(2 w2' - 1)^2`` table (None without EPE).
     """
     sy, sx = grid[0] / ref_grid[0], grid[1] / ref_grid[1]
-    radius = int((w2 - 1) * max(sy, sx) + 1e-9)
-    if rel_bias is None and sy == sx:
+    radius = int((w2 - 1) * min(sy, sx) + 1e-9)
+    if rel_bias is None:
         return radius + 1, None
     kw = 2 * w2 - 1
-    table = rel_bias.view(kw, kw) if rel_bias is not None else torch.zeros(kw, kw)
-    ly, hy, fy, iy = _rescaled_axis(radius, sy, w2)
-    lx, hx, fx, ix = _rescaled_axis(radius, sx, w2)
+    table = rel_bias.view(kw, kw)
+    ly, hy, fy = _rescaled_axis(radius, sy, w2)
+    lx, hx, fx = _rescaled_axis(radius, sx, w2)
     ly, hy, lx, hx = ly.to(table.device), hy.to(table.device), lx.to(table.device), hx.to(table.device)
     fy, fx = fy.to(table.device, table.dtype)[:, None], fx.to(table.device, table.dtype)[None, :]
     rows_low, rows_high = table[ly], table[hy]
     out = ((1 - fy) * ((1 - fx) * rows_low[:, lx] + fx * rows_low[:, hx])
            + fy * ((1 - fx) * rows_high[:, lx] + fx * rows_high[:, hx]))
-    inside = (iy[:, None] & ix[None, :]).to(table.device)
-    return radius + 1, out.masked_fill(~inside, float('-inf')).reshape(-1)
+    return radius + 1, out.reshape(-1)
 
 
 @dataclass
