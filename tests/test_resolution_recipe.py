@@ -271,6 +271,18 @@ def test_refuses_to_overwrite_a_run_without_resume(image_folder, tmp_path):
         recipe.main(_train_args(run, str(image_folder), '--updates', '1'))
 
 
+def test_eval_without_an_interpolated_form_reports_native_rows_only(tmp_path, capsys):
+    """A model with no position scheme interpolate_positions knows (here a timm ViT without a position table) is
+    evaluated natively and says why; the interpolated table holds the others."""
+    no_table = json.dumps(dict(json.loads(TINY), pos_embed='none'))
+    out = tmp_path / 'eval'
+    result = recipe.main(['eval', 'vit_tiny_patch16_224', '--size-overrides', no_table, '--val-samples', '8',
+                          '--eval-res', '32', '48', '--out', str(out), '--cpu', '--threads', '1'])
+    assert [(r['res'], r['positions']) for r in result['rows']] == [('32', 'native'), ('48', 'native')]
+    assert 'evaluated with native positions only (VisionTransformer has no position scheme' in capsys.readouterr().out
+    assert list(result['summaries']) == ['native']
+
+
 def test_builtin_compare_and_analyze(tmp_path):
     out = tmp_path / 'compare'
     recipe.main(['compare', '--models', 'vit_tiny_patch16_224', 'vit_tiny_patch16_goat_224', '--seeds', '0', '1',
