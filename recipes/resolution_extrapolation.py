@@ -58,7 +58,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
 
 import vision_priors  # noqa: F401  (registers our models)
-from vision_priors.models import interpolate_positions
+from vision_priors.models import interpolate_positions, rescale_coords_kwargs
 from vision_priors.optim import VISION_PRIOR_LR_SCALE, prior_param_groups
 
 from . import cli
@@ -101,6 +101,11 @@ BUILTIN_OVERRIDES = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8, globa
 # Over seeds 0-5 it brought every method's spread at 1x / 1.5x to <= 5.1 points (from up to 15.9) and at 2x to
 # 1.6-8.5 (from 8.8-17.5) (README, "Scene zoom"); (1, 3) was no better than (1, 2).
 BUILTIN_SCENE_ZOOM = (1.0, 2.0)
+# Every training forward pass of a model with coordinate positions (GOAT, PoPE, timm's RoPE) scales the patch
+# coordinates by a factor drawn log-uniformly from [1/R, R] (--rescale-coords; DINOv3's RoPE augmentation, timm's
+# function): the positions' version of the zoom. On the built-in scenes R = 2 (README, "Coordinate rescale"); real
+# images: off (1).
+BUILTIN_RESCALE_COORDS = 2.0
 EVAL_ONLY_FLAGS = ('eval_res', 'positions')  # a resumed run may change them
 # How a model measures patch positions on a grid it did not train on (--positions): 'native' = its own way (patch
 # units for GOAT / PoPE / RoPE / LAVO, so offsets beyond the training grid are extrapolated; a learned absolute
@@ -196,6 +201,12 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
                         "[LOW, HIGH], capped so every part stays whole in view (the scenes' random-resized crop; "
                         f"labels unchanged); 1 1 = off; default {' '.join(map(str, BUILTIN_SCENE_ZOOM))} on the "
                         "built-in scenes (README, 'Scene zoom'), off for real images (they get timm's crops)")
+    g.add_argument('--rescale-coords', type=cli.positive_float, default=None, metavar='R',
+                   help="training-only: scale the patch coordinates of every forward pass by a factor drawn "
+                        "log-uniformly from [1/R, R] (DINOv3's RoPE augmentation; timm's rope_rescale_coords for "
+                        "its RoPE ViTs, rescale_coords for GOAT / PoPE; R >= 1, 1 = off); models without coordinate "
+                        f"positions (absolute table, LAVO) train without it. Default {BUILTIN_RESCALE_COORDS:g} on "
+                        "the built-in scenes (README, 'Coordinate rescale'), off for real images")
     g.add_argument('--mixup', type=cli.nonnegative_float, default=0.0, help='mixup alpha (0 = off)')
     g.add_argument('--cutmix', type=cli.nonnegative_float, default=0.0, help='cutmix alpha (0 = off)')
     g.add_argument('--smoothing', type=cli.unit_fraction, default=0.0, help='label smoothing')
@@ -242,6 +253,8 @@ def validate(args: argparse.Namespace) -> None:
     names = [args.model] if args.command == 'train' else args.models if args.command == 'compare' else []
     for name in names:
         check_model_name(name)
+    if hasattr(args, 'rescale_coords'):  # resolved here, so a run's config.json stores the factor it trained with
+        args.rescale_coords = rescale_coords(args)
     if getattr(args, 'ema_warmup', False) and not args.ema_decay:
         raise ValueError('--ema-warmup ramps the model EMA up: it needs --ema-decay > 0')
     if hasattr(args, 'scene_zoom'):  # resolved here, so a run's config.json stores the range it trained with
@@ -276,6 +289,17 @@ def scene_zoom(args: argparse.Namespace) -> Tuple[float, float]:
     if args.scene_zoom is None:
         return BUILTIN_SCENE_ZOOM if data_kind(args.data) == 'builtin' else (1.0, 1.0)
     return check_zoom_range(args.scene_zoom)
+
+
+def rescale_coords(args: argparse.Namespace) -> float:
+    """``--rescale-coords`` checked (>= 1), or its default: ``BUILTIN_RESCALE_COORDS`` on the built-in scenes, 1 (off)
+    for real images."""
+    if args.rescale_coords is None:
+        return BUILTIN_RESCALE_COORDS if data_kind(args.data) == 'builtin' else 1.0
+    if args.rescale_coords < 1:
+        raise ValueError(f'--rescale-coords is a factor >= 1 (scales drawn from [1/R, R]; 1 = off), '
+                         f'got {args.rescale_coords:g}')
+    return float(args.rescale_coords)
 
 
 def builtin_dataset(split: str, args: argparse.Namespace, res: Tuple[int, int]) -> Dataset:
@@ -485,7 +509,7 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
     probe = build_from_flags(args, name, model_kwargs(args, 10, name))
     check_resolution(probe, args.train_res, name)
     train_data, num_classes, map_style, epoch_length = make_train_data(args, probe, seed)
-    kwargs = model_kwargs(args, num_classes, name)
+    kwargs = dict(model_kwargs(args, num_classes, name), **rescale_coords_kwargs(probe, args.rescale_coords))
     model = build_from_flags(args, name, kwargs)
     init_weights(model, args.weight_init)
     init_abs_pos_embed(model, args.abs_pos_init)

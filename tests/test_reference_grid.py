@@ -11,7 +11,7 @@ import torch
 import vision_priors  # noqa: F401  (registers the models)
 from vision_priors.layers import LavoAttention, grid_coords
 from vision_priors.layers.lavo import rescale_window_2d
-from vision_priors.models import RotaryEmbeddingMixedOnGrid, interpolate_positions
+from vision_priors.models import RotaryEmbeddingMixedOnGrid, interpolate_positions, rescale_coords_kwargs
 from timm.layers.pos_embed_sincos import get_mixed_freqs
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=3, init_values=1.0,
@@ -196,3 +196,46 @@ def test_absolute_embedding_is_already_interpolated_and_other_models_are_refused
     no_positions = timm.create_model('vit_tiny_patch16_224', **SMALL, dynamic_img_size=True, pos_embed='none')
     with pytest.raises(ValueError, match='has no position scheme interpolate_positions knows'):
         interpolate_positions(no_positions, (4, 4))
+
+
+@pytest.mark.parametrize('name', ['vit_tiny_patch16_goat_224', 'vit_tiny_patch16_pope_224'])
+def test_rescale_coords_scales_the_training_coordinates_only(name, monkeypatch):
+    """rescale_coords (timm's DINOv3 augmentation, timm's own function): in training one log-uniform factor in
+    [1/r, r] per forward multiplies the coordinates the blocks see; in eval the coordinates are the grid's."""
+    from vision_priors.models import vision_transformer_priors as vit
+    model = _perturbed(name, rescale_coords=2.0)
+    seen = []
+    real_block_forward = type(model.blocks[0]).forward
+    monkeypatch.setattr(type(model.blocks[0]), 'forward',
+                        lambda self, x, coords=None, *a, **k: seen.append(coords) or real_block_forward(
+                            self, x, coords, *a, **k))
+    grid = vit.patch_grid_coords(4, 4, torch.device('cpu'))
+    x = torch.randn(2, 3, 32, 32)
+    model.train()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        model(x)
+    nonzero = grid != 0
+    factors = [c[nonzero] / grid[nonzero] for c in seen[::2]]  # one factor per forward, shared by every block
+    assert all(torch.allclose(f, f[:1].expand_as(f)) for f in factors)
+    values = torch.stack([f[0] for f in factors])
+    assert ((values >= 0.5) & (values <= 2.0)).all() and values.std() > 0.05  # drawn, not fixed
+    assert all(torch.equal(a, b) for a, b in zip(seen[::2], seen[1::2]))  # both blocks see the same coordinates
+    seen.clear()
+    model.eval()
+    model(x)
+    assert torch.equal(seen[0], grid)
+
+
+def test_rescale_coords_kwargs_per_family():
+    assert rescale_coords_kwargs(timm.create_model('vit_tiny_patch16_goat_224', **SMALL), 2) == {'rescale_coords': 2.0}
+    assert rescale_coords_kwargs(timm.create_model('vit_tiny_patch16_pope_224', **SMALL), 2) == {'rescale_coords': 2.0}
+    rope = timm.create_model('vit_small_patch16_rope_mixed_224', **SMALL, dynamic_img_size=True)
+    assert rescale_coords_kwargs(rope, 1.5) == {'rope_rescale_coords': 1.5}
+    assert rescale_coords_kwargs(timm.create_model('vit_tiny_patch16_lavo_224', **SMALL), 2) == {}
+    assert rescale_coords_kwargs(timm.create_model('vit_tiny_patch16_224', **SMALL), 2) == {}
+    assert rescale_coords_kwargs(rope, None) == {}
+    with pytest.raises(ValueError, match='not supported by LAVO ViTs'):
+        timm.create_model('vit_tiny_patch16_lavo_224', **SMALL, rescale_coords=2.0)
+    with pytest.raises(ValueError, match='rescale_coords must be finite and >= 1'):
+        timm.create_model('vit_tiny_patch16_goat_224', **SMALL, rescale_coords=0.5)

@@ -522,3 +522,39 @@ def test_scene_zoom_trains_on_magnified_scenes_is_recorded_and_checked(image_fol
         with pytest.raises(error):
             recipe.main([*builtin, '--out', str(bad), *extra])
         assert not bad.exists()
+
+
+def test_rescale_coords_default_reaches_the_models_that_have_coordinates(image_folder, tmp_path):
+    """--rescale-coords R: GOAT / PoPE get rescale_coords, timm's RoPE ViTs rope_rescale_coords, the absolute-table
+    ViT and LAVO nothing; the default is BUILTIN_RESCALE_COORDS on the built-in scenes and 1 (off) for real images,
+    stored in config.json; a resume with another factor is refused with the folder untouched; R < 1 is refused
+    before the run folder exists."""
+    assert recipe.BUILTIN_RESCALE_COORDS == 2.0
+    common = ['--size-overrides', TINY, '--train-res', '32', '--batch-size', '4', '--cpu', '--train-samples', '8',
+              '--val-samples', '4', '--updates', '1', '--threads', '1']
+    expected = {'vit_tiny_patch16_goat_224': {'rescale_coords': 2.0},
+                'vit_small_patch16_rope_224': {'rope_rescale_coords': 2.0},
+                'vit_tiny_patch16_224': {}, 'vit_tiny_patch16_lavo_224': {}}
+    for name, extra in expected.items():
+        run = tmp_path / name
+        recipe.main(['train', '--model', name, *common, '--out', str(run)])
+        config = json.loads((run / 'config.json').read_text())
+        assert config['args']['rescale_coords'] == 2.0
+        assert {k: v for k, v in config['model_kwargs'].items() if 'rescale' in k} == extra
+    recipe.main(_train_args(tmp_path / 'real', str(image_folder), '--updates', '1'))
+    config = json.loads((tmp_path / 'real' / 'config.json').read_text())
+    assert config['args']['rescale_coords'] == 1.0 and 'rescale_coords' not in config['model_kwargs']
+    run = tmp_path / 'off'
+    goat = ['train', '--model', 'vit_tiny_patch16_goat_224', *common, '--updates', '2', '--out', str(run)]
+    recipe.main([*goat, '--rescale-coords', '1', '--stop-after', '1'])
+    assert 'rescale_coords' not in json.loads((run / 'config.json').read_text())['model_kwargs']
+    config_before = (run / 'config.json').read_bytes()
+    with pytest.raises(ValueError, match=r'settings differ .*rescale_coords'):
+        recipe.main([*goat, '--resume'])  # the default is 2
+    assert (run / 'config.json').read_bytes() == config_before
+    recipe.main([*goat, '--rescale-coords', '1', '--resume'])
+    bad = tmp_path / 'bad'
+    with pytest.raises(ValueError, match=r'--rescale-coords is a factor >= 1 .*got 0.5'):
+        recipe.main(['train', '--model', 'vit_tiny_patch16_goat_224', *common, '--rescale-coords', '0.5',
+                     '--out', str(bad)])
+    assert not bad.exists()

@@ -7,7 +7,7 @@ EVA-style axial RoPE does either (``ref_feat_shape``); its mixed RoPE has no opt
 LAVO ViTs take ``ref_feat_shape`` too (LAVO: its 2D window and bias table rescaled). :func:`interpolate_positions`
 switches a built model, whatever its family.
 """
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -17,7 +17,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingMixe
 
 from .vision_transformer_priors import PriorVisionTransformer
 
-__all__ = ['interpolate_positions', 'RotaryEmbeddingMixedOnGrid']
+__all__ = ['interpolate_positions', 'rescale_coords_kwargs', 'RotaryEmbeddingMixedOnGrid']
 
 
 class RotaryEmbeddingMixedOnGrid(RotaryEmbeddingMixed):
@@ -62,3 +62,17 @@ def interpolate_positions(model: nn.Module, ref_feat_shape: Tuple[int, int]) -> 
         return  # a learned absolute table: timm resamples it onto every grid (already interpolated)
     raise ValueError(f'{type(model).__name__} has no position scheme interpolate_positions knows '
                      '(GOAT / PoPE ViT, timm axial or mixed RoPE, learned absolute embedding)')
+
+
+def rescale_coords_kwargs(model: nn.Module, rescale: Optional[float]) -> Dict[str, Any]:
+    """The constructor kwargs that train ``model``'s family with DINOv3's coordinate rescaling (a log-uniform factor
+    in [1/rescale, rescale] per forward pass, timm's own augmentation): ``rope_rescale_coords`` for timm's RoPE ViTs,
+    ``rescale_coords`` for GOAT / PoPE ViTs; {} for models without coordinate positions (a learned absolute table,
+    LAVO) or ``rescale`` None or 1 (off)."""
+    if rescale is None or rescale == 1:
+        return {}
+    if isinstance(model, PriorVisionTransformer):
+        return {} if model.pos_attn == 'lavo' else {'rescale_coords': float(rescale)}
+    if isinstance(getattr(model, 'rope', None), (RotaryEmbeddingCat, RotaryEmbeddingMixed)):
+        return {'rope_rescale_coords': float(rescale)}
+    return {}

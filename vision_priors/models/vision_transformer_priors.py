@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from timm.layers import DropPath, LayerScale, Mlp, to_2tuple
+from timm.layers.pos_embed_sincos import _apply_coord_augs, _coord_aug_config
 from timm.models import (
     build_model_with_cfg, generate_default_cfgs, register_model, register_notrace_function, register_notrace_module)
 from timm.models._features import feature_take_indices
@@ -254,6 +255,10 @@ class PriorVisionTransformer(VisionTransformer):
             0.5). None (default): patch units, so offsets beyond the training grid are extrapolated.
             LAVO: its 2D window and relative bias table are rescaled instead (``rescale_window_2d``).
             ``set_ref_feat_shape`` changes it.
+        shift_coords, jitter_coords, rescale_coords: training-only augmentation of the patch coordinates, as
+            timm's RoPE ViTs have it (``rope_*_coords``, from DINOv3; timm's own function): one random shift
+            (patches), per-axis scale or shared scale (log-uniform in [1/r, r]) per forward pass. GOAT and PoPE
+            only (LAVO's window counts patches). None (default): off.
         **kwargs: Everything timm's ``VisionTransformer`` accepts, except a learned ``pos_embed``
             and ``patch_drop_rate`` (dropping patches would need per-sample coordinates).
     """
@@ -265,10 +270,17 @@ class PriorVisionTransformer(VisionTransformer):
             dynamic_img_size: bool = True,
             global_pool: str = 'token',
             ref_feat_shape: Optional[Tuple[int, int]] = None,
+            shift_coords: Optional[float] = None,
+            jitter_coords: Optional[float] = None,
+            rescale_coords: Optional[float] = None,
             **kwargs,
     ) -> None:
         if pos_attn not in POSITIONAL_ATTENTION:
             raise ValueError(f'pos_attn must be one of {sorted(POSITIONAL_ATTENTION)}, got {pos_attn!r}')
+        coord_augs = _coord_aug_config(shift_coords, jitter_coords, rescale_coords)  # timm's checks
+        if coord_augs[3] and pos_attn == 'lavo':
+            raise ValueError('shift_coords / jitter_coords / rescale_coords are not supported by LAVO ViTs: the '
+                             'local window counts patches')
         if kwargs.get('pos_embed', 'none') not in ('', 'none'):
             raise ValueError(f"{pos_attn} ViTs carry position in attention; pos_embed must be 'none', "
                              f"got {kwargs['pos_embed']!r}")
@@ -296,6 +308,7 @@ class PriorVisionTransformer(VisionTransformer):
             self._make_lavo_pool()
         self.pos_attn = pos_attn
         self._ref_grid: List[int] = [0, 0]  # (rows, cols) of ref_feat_shape; 0 = patch units
+        self.shift_coords, self.jitter_coords, self.rescale_coords, self.coord_augs_active = coord_augs
         self.set_ref_feat_shape(ref_feat_shape)
         self._set_block_grid_size()
 
@@ -387,6 +400,8 @@ class PriorVisionTransformer(VisionTransformer):
         else:
             H, W = self.patch_embed.grid_size[0], self.patch_embed.grid_size[1]
         coords = patch_grid_coords(H, W, x.device, self._ref_grid[0], self._ref_grid[1])
+        if self.training and self.coord_augs_active:
+            coords = _apply_coord_augs(coords, self.shift_coords, self.jitter_coords, self.rescale_coords)
         to_cat: List[Tensor] = []
         if self.cls_token is not None:
             to_cat.append(self.cls_token.expand(x.shape[0], -1, -1))
