@@ -27,6 +27,8 @@ evaluates every model twice by default: with its native positions (patch units, 
 grid are extrapolated; the absolute table resampled) and with its positions interpolated onto the training grid
 (``vision_priors.models.interpolate_positions``: GOAT / PoPE coordinates and LAVO's 2D window rescaled through
 ``ref_feat_shape``, timm's RoPE through its own). The table, ``results.json`` and the plot show both.
+``--rescale-coords R`` (default 2 on the built-in scenes, off for real images) trains GOAT / PoPE / RoPE with their
+patch coordinates scaled by a log-uniform factor in [1/R, R] per forward pass (DINOv3's RoPE augmentation).
 
 Full ImageNet protocol (paper: ViT-S/16, 224 px, 150 epochs), e.g. on 8 GPUs:
 
