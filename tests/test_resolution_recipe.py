@@ -101,13 +101,23 @@ def test_folder_train_checkpoint_eval_json_png(image_folder, tmp_path):
         ('48', 'interpolated', by['48', 'interpolated']['top1'])]
 
 
-def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path):
+@pytest.mark.parametrize('data', ['folder', 'builtin'])  # builtin: scene zoom and coordinate rescale (defaults) on
+def test_kill_and_resume_equals_uninterrupted(image_folder, tmp_path, data):
     full, killed = tmp_path / 'full', tmp_path / 'killed'
     common = ['--updates', '9', '--checkpoint-every', '3', '--drop-path', '0.1', '--seed', '3']
-    recipe.main(_train_args(full, str(image_folder), *common))
-    recipe.main(_train_args(killed, str(image_folder), *common, '--stop-after', '5'))
+
+    def train(out, *extra):
+        if data == 'folder':
+            return recipe.main(_train_args(out, str(image_folder), *common, *extra))
+        return recipe.main(['train', '--model', 'vit_tiny_patch16_goat_224', '--size-overrides', TINY, '--train-res',
+                            '32', '--batch-size', '4', '--cpu', '--train-samples', '24', '--val-samples', '8',
+                            '--out', str(out), *common, *extra])
+    train(full)
+    train(killed, '--stop-after', '5')
     assert json.loads((killed / 'latest.json').read_text())['step'] == 5
-    recipe.main(_train_args(killed, str(image_folder), *common, '--resume'))
+    train(killed, '--resume')
+    if data == 'builtin':
+        assert json.loads((full / 'config.json').read_text())['model_kwargs']['rescale_coords'] == 2.0
     a, b = final_weights(full), final_weights(killed)
     assert a.keys() == b.keys()
     for key in a:

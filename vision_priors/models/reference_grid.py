@@ -5,7 +5,8 @@ it never saw) or interpolates them (the grid rescaled onto the training grid, so
 within the trained range). timm's learned absolute embeddings only interpolate (``resample_abs_pos_embed``); its
 EVA-style axial RoPE does either (``ref_feat_shape``); its mixed RoPE has no option; the package's GOAT, PoPE and
 LAVO ViTs take ``ref_feat_shape`` too (LAVO: its 2D window and bias table rescaled). :func:`interpolate_positions`
-switches a built model, whatever its family.
+switches a built model, whatever its family. :func:`rescale_coords_kwargs` is the training side: the constructor
+argument that shows either family a range of position scales (DINOv3's coordinate rescale, timm's function).
 """
 from typing import Any, Dict, Optional, Sequence, Tuple
 
