@@ -13,11 +13,12 @@ from vision_priors.kernels._backend import nonfinite_message
 
 from .kernel_dispatch import tracing_or_compiling
 
-__all__ = ['grid_coords', 'sequence_coords', 'resolve_token_coords', 'check_mask_args']
+__all__ = ['grid_coords', 'grid_extents', 'sequence_coords', 'resolve_token_coords', 'check_mask_args']
 
 
-def _grid_extents(grid_size: Any, name: str = 'grid_size') -> Tuple[int, int]:
-    """(rows, cols) as positive ints; Python, numpy and torch integers pass, floats, bools and values < 1 do not."""
+def grid_extents(grid_size: Any, name: str = 'grid_size') -> Tuple[int, int]:
+    """(rows, cols) as positive ints; Python, numpy and torch integers pass, floats, bools and values < 1 do not
+    (a ValueError naming ``name`` and the value)."""
     try:
         extents = tuple(grid_size)
     except TypeError:
@@ -62,7 +63,7 @@ def grid_coords(
             naming the value.
     """
     if not torch.jit.is_scripting():
-        rows, cols = _grid_extents(grid_size)
+        rows, cols = grid_extents(grid_size)
     else:
         rows, cols = grid_size[0], grid_size[1]
         if rows < 1 or cols < 1:
@@ -74,7 +75,7 @@ def grid_coords(
     )
     if ref_grid_size is not None:
         if not torch.jit.is_scripting():
-            ref_rows, ref_cols = _grid_extents(ref_grid_size, 'ref_grid_size')
+            ref_rows, ref_cols = grid_extents(ref_grid_size, 'ref_grid_size')
         else:
             ref_rows, ref_cols = ref_grid_size[0], ref_grid_size[1]
             if ref_rows < 1 or ref_cols < 1:

@@ -60,6 +60,7 @@ from vision_priors.kernels.lavo_torch import code_slot_probs, finfo_min
 from vision_priors.kernels.lavo_torch import lavo_local_windows
 from vision_priors.kernels.lavo_torch import local_window_2d, tile_block_2d_sum, valid_count, window_tile_size
 
+from .coords import grid_extents
 from .kernel_dispatch import check_kernel_backend, use_flash_kernel
 
 __all__ = ['LavoAttention', 'LavoCrossAttention', 'LavoState', 'OrthogonalBasis', 'code_read', 'rescale_window_2d']
@@ -335,11 +336,8 @@ class LavoAttention(nn.Module):
         if ref_grid_size is None:
             self._ref_grid = [0, 0]
             return
-        rows, cols = ref_grid_size
-        if isinstance(rows, bool) or isinstance(cols, bool) or int(rows) != rows or int(cols) != cols \
-                or rows < 1 or cols < 1:
-            raise ValueError(f'ref_grid_size must be (rows, cols), two positive integers, got {ref_grid_size!r}')
-        self._ref_grid = [int(rows), int(cols)]
+        rows, cols = grid_extents(ref_grid_size, 'ref_grid_size')
+        self._ref_grid = [rows, cols]
 
     def _window_2d_for(self, grid: Tuple[int, int]) -> Tuple[int, Optional[Tensor]]:
         """(w2, relative bias table or None) of the 2D window on ``grid``."""

@@ -27,6 +27,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..layers import GoatAttention, LavoAttention, LavoCrossAttention, PopeAttention, grid_coords
+from ..layers.coords import grid_extents
 
 __all__ = ['PriorBlock', 'LavoBlock', 'LavoPool', 'PriorVisionTransformer', 'patch_grid_coords', 'vit_goat_max_freq']
 
@@ -321,13 +322,9 @@ class PriorVisionTransformer(VisionTransformer):
             self._ref_grid = [0, 0]
             self._set_block_ref_grid(None)
             return
-        try:
-            grid_coords((1, 1), ref_grid_size=to_2tuple(ref_feat_shape))  # two positive integers, or ValueError
-        except ValueError as error:
-            raise ValueError(str(error).replace('ref_grid_size', 'ref_feat_shape')) from None
-        rows, cols = to_2tuple(ref_feat_shape)
-        self._ref_grid = [int(rows), int(cols)]
-        self._set_block_ref_grid((int(rows), int(cols)))
+        rows, cols = grid_extents(to_2tuple(ref_feat_shape), 'ref_feat_shape')
+        self._ref_grid = [rows, cols]
+        self._set_block_ref_grid((rows, cols))
 
     def _set_block_ref_grid(self, ref_grid: Optional[Tuple[int, int]]) -> None:
         for blk in self.blocks:
