@@ -3,10 +3,10 @@ next to the Informer paper's figures and a linear baseline.
 
 Commands (``vision-priors forecast COMMAND --help`` explains every option):
 
-  train     train one model: ``--model informer_cpu|informer_mid|informer`` with ``--cross-attn full|lavo`` and ``--attn
-            prob|full``, or ``--model linear``; Informer's protocol (MSE loss, Adam, validation every epoch,
-            early stopping with ``--patience 3`` and the best weights in ``RUN/best``, lr halved each epoch
-            after the second); verified checkpoints after every epoch, exact ``--resume``.
+  train     train one model: ``--model informer_cpu|informer_mid|informer|informerstack`` with ``--cross-attn
+            full|lavo`` and ``--attn prob|full``, or ``--model linear``; Informer's protocol (MSE loss, Adam,
+            validation every epoch, early stopping with ``--patience 3`` and the best weights in ``RUN/best``, lr
+            halved each epoch after the second); verified checkpoints after every epoch, exact ``--resume``.
   eval      test-split MSE / MAE (scaled values, as Informer's tables) of run folders (their ``best/``
             weights when present), table, JSON and a plot of predictions vs truth (target column).
   compare   train + eval full / LAVO cross-attention and the linear baseline over ``--pred-lens`` and
@@ -35,6 +35,8 @@ factors), e.g. on a GPU:
 
   vision-priors forecast compare --data ETTh1.csv --model informer --pred-lens 24 48 168 336 720 \\
       --seq-lens 48 96 168 168 336 --label-lens 48 48 168 168 336 --factors 3 5 5 5 5 --seeds 0 1 2
+
+``--model informerstack`` is Informer2020's encoder stack (3 / 2 / 1 blocks on the last L, L / 2, L / 4 steps).
 """
 import argparse
 from pathlib import Path
@@ -63,7 +65,7 @@ METHODS = (*CROSS_ATTENTIONS, BASELINE)  # a compare's rows: Informer with each 
 METRICS = ('mse', 'mae')
 # Informer2020's 1e-4; informer_mid (one CPU epoch): 1e-3, the best ETTh1 validation MSE of 1e-4 / 3e-4 / 1e-3 at
 # horizon 24 (0.823 / 0.645 / 0.601 after one epoch); the linear baseline: DLinear's ETTh1 script
-DEFAULT_LR = {'informer': 1e-4, 'informer_mid': 1e-3, 'informer_cpu': 1e-4, BASELINE: 5e-3}
+DEFAULT_LR = {'informer': 1e-4, 'informerstack': 1e-4, 'informer_mid': 1e-3, 'informer_cpu': 1e-4, BASELINE: 5e-3}
 EVAL_ONLY_FLAGS = ('plot_windows',)
 # named configs whose default 'mix' changed (Informer2020's mix=True): their runs stored without 'mix' were
 # built with mix=False and are rebuilt so; new runs store it
@@ -194,7 +196,8 @@ def validate(args: argparse.Namespace) -> None:
                 raise ValueError(f'--label-len {label_len} exceeds --seq-len {seq_len}{where} (the start tokens are '
                                  f'the end of the encoder input)')
     if getattr(args, 'command', None) == 'compare' and args.model == BASELINE:
-        raise ValueError('compare: --model names the transformer (informer / informer_mid / informer_cpu); the '
+        transformers = ' / '.join(n for n in forecast_model_names() if n != BASELINE)
+        raise ValueError(f'compare: --model names the transformer ({transformers}); the '
                          'linear baseline is added unless --no-baseline')
     if getattr(args, 'data', None) is not None and not Path(args.data).is_file():
         raise FileNotFoundError(f'--data {args.data}: no such CSV file')

@@ -54,6 +54,36 @@ def test_train_kill_resume_equals_uninterrupted_and_eval(tiny_csv, tmp_path):
     assert (tmp_path / 'eval' / 'forecast_predictions.png').stat().st_size > 5000
 
 
+def test_informerstack_through_the_recipe(tiny_csv, tmp_path):
+    """``informerstack`` (Informer2020's encoder stack, 3 / 2 / 1 blocks) trains at Informer's lr, resumes exactly,
+    is rebuilt by ``eval``; a stack given as a list in --model-overrides is a setting --resume compares."""
+    def train(out, *extra, stack=None):
+        overrides = json.dumps(dict(TINY_MODEL, **({} if stack is None else dict(e_layers=stack))))
+        return recipe.main(['train', '--model', 'informerstack', '--cross-attn', 'full', *tiny(tiny_csv),
+                            '--model-overrides', overrides, '--pred-len', '4', '--updates', '4', '--checkpoint-every',
+                            '2', '--eval-every', '2', '--out', str(out), *extra])
+
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    train(full)
+    train(killed, '--stop-after', '2')
+    train(killed, '--resume')
+    assert_same_final_weights(full, killed)
+    config = json.loads((full / 'config.json').read_text())
+    assert config['model']['name'] == 'informerstack' and config['lr'] == 1e-4
+    model = recipe.build_model(config['model'])
+    assert [len(e.layers) for e in model.encoder.encoders] == [3, 2, 1]
+    result = recipe.main(['eval', str(full), '--out', str(tmp_path / 'eval'), '--cpu', '--batch-size', '16'])
+    assert result['rows'][0]['mse'] > 0
+    before = snapshot(full)
+    with pytest.raises(ValueError, match='e_layers'):
+        train(full, '--resume', stack=[2, 1])
+    assert snapshot(full) == before
+    train(tmp_path / 'two', stack=[2, 1])
+    stored = json.loads((tmp_path / 'two' / 'config.json').read_text())['model']
+    assert stored['overrides']['e_layers'] == [2, 1]
+    assert [len(e.layers) for e in recipe.build_model(stored).encoder.encoders] == [2, 1]
+
+
 def test_a_run_killed_mid_epoch_resumes_from_its_last_epoch(tiny_csv, tmp_path, monkeypatch):
     """The default checkpoint cadence is one epoch (Informer runs are epoch-based and long on a CPU): a run killed
     in its third epoch keeps the checkpoints of epochs 1-2, and --resume from there ends bit-exact with the

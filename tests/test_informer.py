@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vision_priors.layers.lavo import LavoCrossAttention
-from vision_priors.models.informer import (AttentionLayer, FullAttention, Informer, LinearForecaster, ProbAttention,
-                                           create_forecast_model, decoder_input, sample_count)
+from vision_priors.models.informer import (AttentionLayer, EncoderStack, FullAttention, Informer, LinearForecaster,
+                                           ProbAttention, create_forecast_model, decoder_input, sample_count)
 
 TOL = dict(rtol=1e-10, atol=1e-12)  # float64 throughout
 
@@ -79,11 +79,12 @@ def test_probsparse_measure_selects_the_peaked_query(one_thread):
     assert top.flatten().tolist() == [17]
 
 
-def tiny_informer(cross_attn='full', attn='prob', factor=10, c=3, seq_len=12, label_len=6, pred_len=5, **kw):
+def tiny_informer(cross_attn='full', attn='prob', factor=10, c=3, seq_len=12, label_len=6, pred_len=5, e_layers=2,
+                  **kw):
     torch.manual_seed(0)
     return Informer(enc_in=c, dec_in=c, c_out=c, seq_len=seq_len, label_len=label_len, pred_len=pred_len, mark_dim=4,
-                    factor=factor, d_model=16, n_heads=2, e_layers=2, d_layers=2, d_ff=24, dropout=0.0, attn=attn,
-                    cross_attn=cross_attn, lavo_slots=8, **kw)
+                    factor=factor, d_model=16, n_heads=2, e_layers=e_layers, d_layers=2, d_ff=24, dropout=0.0,
+                    attn=attn, cross_attn=cross_attn, lavo_slots=8, **kw)
 
 
 def batch(b=2, c=3, seq_len=12, label_len=6, pred_len=5, seed=0):
@@ -247,6 +248,59 @@ def test_informer2020_parameter_layout_and_registered_sizes(one_thread):
     assert mid.enc_embedding.value.conv.out_channels == 128 and layer.conv1.out_channels == 512
     assert layer.self_attention.mix and layer.self_attention.n_heads == 8 and mid.enc_embedding.dropout.p == 0.05
     assert layer.cross_attention.attn.num_slots == 16
+
+
+def test_encoder_stack_reads_shrinking_suffixes_and_concatenates(one_thread):
+    """Informer2020's EncoderStack: encoder i (e_layers[i] blocks, its own distils and norm) reads the last L // 2**i
+    steps; outputs concatenated along time. Checked against the encoders run by hand, and by locality: a step
+    before the last L // 2 reaches the first encoder's output only."""
+    model = tiny_informer(seq_len=13, e_layers=[3, 2, 1]).double().eval()
+    stack = model.encoder
+    assert isinstance(stack, EncoderStack) and [len(e.layers) for e in stack.encoders] == [3, 2, 1]
+    assert [len(e.distils) for e in stack.encoders] == [2, 1, 0] and stack.input_lengths(13) == [13, 6, 3]
+    x, x_mark, *_ = (t.double() for t in batch(seq_len=13))
+    h = model.enc_embedding(x, x_mark)
+    memory = stack(h)
+    by_hand = [stack.encoders[0](h), stack.encoders[1](h[:, -6:]), stack.encoders[2](h[:, -3:])]
+    assert [m.shape[1] for m in by_hand] == [4, 3, 3]  # 13 -> 7 -> 4; 6 -> 3; 3
+    torch.testing.assert_close(memory, torch.cat(by_hand, dim=1), rtol=0, atol=0)
+    changed = h.clone()
+    changed[:, 6] += 1.0  # step 6 of 13: outside the last 6 and the last 3
+    after = stack(changed)
+    torch.testing.assert_close(after[:, 4:], memory[:, 4:], rtol=0, atol=0)
+    assert (after[:, :4] - memory[:, :4]).abs().max() > 1e-6
+    out = model(x, x_mark, *(t.double() for t in batch(seq_len=13)[2:]))
+    assert out.shape == (2, 5, 3) and torch.isfinite(out).all()
+    single = tiny_informer(e_layers=[2]).eval()  # a stack of one is the plain encoder
+    plain = tiny_informer().eval()
+    plain.load_state_dict({k.replace('encoder.encoders.0.', 'encoder.'): v for k, v in single.state_dict().items()})
+    inputs = batch()
+    torch.testing.assert_close(single(*inputs), plain(*inputs), rtol=0, atol=0)
+    for bad in ([], [2, 0], [1.5], [True]):
+        with pytest.raises(ValueError, match='e_layers must be'):
+            tiny_informer(e_layers=bad)
+    with pytest.raises(ValueError, match='needs seq_len >= 4, got 3'):
+        tiny_informer(seq_len=3, label_len=2, e_layers=[1, 1, 1])
+
+
+def test_informerstack_parameter_layout(one_thread):
+    """``informerstack`` has Informer2020's InformerStack parameters with main_informer.py's defaults (s_layers 3, 2,
+    1; d_layers 1; d_model 512, d_ff 2048), counted layer by layer from its model code."""
+    d, f, c, marks = 512, 2048, 7, 4
+    embedding = (c * d * 3 + d) + (marks * d + d)
+    attention, ffn = 4 * (d * d + d), (d * f + f) + (f * d + d)
+    distil = d * d * 3 + d + 2 * d  # conv with bias, BatchNorm affine
+
+    def encoder(blocks):
+        return blocks * (attention + ffn + 2 * 2 * d) + (blocks - 1) * distil + 2 * d
+
+    decoder = (2 * attention + ffn + 3 * 2 * d) + 2 * d + (d * c + c)
+    model = create_forecast_model('informerstack', enc_in=c, dec_in=c, c_out=c, seq_len=168, label_len=168,
+                                  pred_len=168)
+    expected = 2 * embedding + encoder(3) + encoder(2) + encoder(1) + decoder
+    assert sum(p.numel() for p in model.parameters()) == expected == 25_517_575
+    layer = model.decoder.layers[0]
+    assert len(model.decoder.layers) == 1 and layer.self_attention.mix and model.enc_embedding.dropout.p == 0.05
 
 
 def test_probsparse_applies_no_attention_dropout(one_thread):

@@ -33,6 +33,10 @@ cross-attention vanilla vs LAVO):
   (``AttentionLayer(mix=True)``); it moves values across positions (position 0 receives later ones), so it
   is off by default here; the ``informer_mid`` configuration turns it on, as Informer2020's runs had it.
 - ``attn='full'`` replaces ProbSparse by full attention everywhere (Informer's ablation, "Informer+" rows).
+- **Encoder stack** (``e_layers`` a list, Informer2020's ``informerstack``): encoder ``i`` has ``e_layers[i]``
+  blocks and reads the last ``L // 2**i`` steps of the embedded input; their outputs are concatenated along time
+  (the paper's experimental details describe such a stack: a 3-layer stack and a 1-layer stack on a quarter of
+  the input). Each encoder of the stack has its own distilling convs and final LayerNorm.
 
 :class:`LinearForecaster` is the DLinear-style baseline: one linear map from the last ``seq_len`` steps to
 the ``pred_len`` next ones, shared across channels.
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +58,8 @@ from ..layers.lavo import LavoCrossAttention
 from ..layers.rotary import rotate_by_coords
 
 __all__ = ['PositionalEmbedding', 'TokenEmbedding', 'DataEmbedding', 'ProbAttention', 'FullAttention',
-           'AttentionLayer', 'EncoderLayer', 'DistilConv', 'Encoder', 'DecoderLayer', 'Decoder', 'Informer',
-           'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'MEMORY_POS',
+           'AttentionLayer', 'EncoderLayer', 'DistilConv', 'Encoder', 'EncoderStack', 'DecoderLayer', 'Decoder',
+           'Informer', 'LinearForecaster', 'FORECAST_MODELS', 'ATTENTIONS', 'CROSS_ATTENTIONS', 'MEMORY_POS',
            'create_forecast_model', 'forecast_model_names', 'sample_count', 'decoder_input']
 
 ATTENTIONS = ('prob', 'full')
@@ -285,6 +289,26 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
+class EncoderStack(nn.Module):
+    """Encoders on shrinking suffixes of one input (Informer2020's ``EncoderStack``): encoder ``i`` reads the last
+    ``L // 2**i`` steps; the outputs are concatenated along time."""
+
+    def __init__(self, encoders: List[nn.Module]) -> None:
+        super().__init__()
+        self.encoders = nn.ModuleList(encoders)
+
+    def input_lengths(self, length: int) -> List[int]:
+        """How many of the last steps each encoder reads."""
+        return [length // 2 ** i for i in range(len(self.encoders))]
+
+    def forward(self, x: Tensor) -> Tensor:
+        lengths = self.input_lengths(x.shape[1])
+        if min(lengths) < 1:
+            raise ValueError(f'an encoder stack of {len(self.encoders)} needs at least {2 ** (len(self.encoders) - 1)} '
+                             f'input steps, got {x.shape[1]}')
+        return torch.cat([encoder(x[:, -n:]) for n, encoder in zip(lengths, self.encoders)], dim=1)
+
+
 class DecoderLayer(nn.Module):
     """``x = norm1(x + self_attn(x))``; ``x = norm2(x + cross_attn(x, memory))``; ``norm3(x + ffn(x))``."""
 
@@ -334,7 +358,8 @@ class Informer(nn.Module):
         seq_len, label_len, pred_len: Encoder length, decoder start tokens, horizon.
         mark_dim: Time features per step (Informer ``timeF``: 4 for hourly data).
         factor: ProbSparse c.
-        d_model, n_heads, e_layers, d_layers, d_ff: Widths and depths (Informer: 512, 8, 2, 1, 2048).
+        d_model, n_heads, e_layers, d_layers, d_ff: Widths and depths (Informer: 512, 8, 2, 1, 2048). A list of
+            depths for ``e_layers`` builds an encoder stack (:class:`EncoderStack`; ``informerstack``: [3, 2, 1]).
         dropout: Dropout everywhere (Informer: 0.05).
         attn: 'prob' (ProbSparse) or 'full' self-attention.
         cross_attn: 'full' (softmax) or 'lavo' (:class:`LavoCrossAttention`).
@@ -349,7 +374,8 @@ class Informer(nn.Module):
     """
 
     def __init__(self, enc_in: int, dec_in: int, c_out: int, seq_len: int, label_len: int, pred_len: int,
-                 mark_dim: int = 4, factor: int = 5, d_model: int = 512, n_heads: int = 8, e_layers: int = 2,
+                 mark_dim: int = 4, factor: int = 5, d_model: int = 512, n_heads: int = 8,
+                 e_layers: Union[int, Sequence[int]] = 2,
                  d_layers: int = 1, d_ff: int = 2048, dropout: float = 0.05, attn: str = 'prob',
                  cross_attn: str = 'full', lavo_slots: int = 64, activation: str = 'gelu', distil: bool = True,
                  mix: bool = False, memory_pos: str = 'none') -> None:
@@ -368,10 +394,20 @@ class Informer(nn.Module):
         self.attn, self.cross_attn = attn, cross_attn
         self.enc_embedding = DataEmbedding(enc_in, d_model, mark_dim, dropout)
         self.dec_embedding = DataEmbedding(dec_in, d_model, mark_dim, dropout)
-        self.encoder = Encoder(
-            [EncoderLayer(AttentionLayer(_attention(attn, False, factor, dropout), d_model, n_heads), d_model, d_ff,
-                          dropout, activation) for _ in range(e_layers)],
-            [DistilConv(d_model) for _ in range(e_layers - 1)] if distil else None, d_model)
+        depths = [e_layers] if isinstance(e_layers, int) else list(e_layers)
+        if not depths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in depths):
+            raise ValueError(f'e_layers must be a positive int or a non-empty list of them, got {e_layers!r}')
+        if seq_len < 2 ** (len(depths) - 1):
+            raise ValueError(f'an encoder stack of {len(depths)} needs seq_len >= {2 ** (len(depths) - 1)}, '
+                             f'got {seq_len}')
+
+        def encoder(depth: int) -> Encoder:
+            return Encoder(
+                [EncoderLayer(AttentionLayer(_attention(attn, False, factor, dropout), d_model, n_heads), d_model,
+                              d_ff, dropout, activation) for _ in range(depth)],
+                [DistilConv(d_model) for _ in range(depth - 1)] if distil else None, d_model)
+
+        self.encoder = encoder(e_layers) if isinstance(e_layers, int) else EncoderStack([encoder(n) for n in depths])
 
         def cross() -> nn.Module:
             if cross_attn == 'lavo':
@@ -427,6 +463,10 @@ FORECAST_MODELS: Dict[str, Dict[str, Any]] = {
     # Informer2020's dropout 0.05 and its head-mixing decoder self-attention (mix=True, as main_informer.py)
     'informer_mid': dict(cls=Informer, d_model=128, n_heads=8, e_layers=2, d_layers=1, d_ff=512, factor=5,
                          dropout=0.05, lavo_slots=16, mix=True),
+    # Informer2020's `informerstack` (main_informer.py defaults: s_layers 3,2,1; d_layers 1; the rest as 'informer'),
+    # which Informer2020's issue #212 reports needing for ETTh1's long horizons
+    'informerstack': dict(cls=Informer, d_model=512, n_heads=8, e_layers=[3, 2, 1], d_layers=1, d_ff=2048, factor=5,
+                          dropout=0.05, mix=True),
     'linear': dict(cls=LinearForecaster),
 }
 
