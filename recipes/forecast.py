@@ -131,6 +131,9 @@ def add_training_args(p: argparse.ArgumentParser, sweep: bool) -> None:
         p.add_argument('--factors', type=cli.positive_int, nargs='+', default=None,
                        help="ProbSparse factor c per horizon, paired with --pred-lens (default: the named config's; "
                             "Informer's ETTh1 script: 3 5 5 for 24 48 168)")
+        p.add_argument('--baseline-lr', type=cli.positive_float, default=None,
+                       help=f'learning rate of the linear baseline (default: {DEFAULT_LR[BASELINE]}, DLinear\'s; '
+                            '--lr sets the transformer\'s only)')
     cli.add_optim_flags(p, lr=1e-4, epochs=6, warmup_frac=0.0, weight_decay=0.0)
     g = p.add_argument_group('Informer schedule')
     g.add_argument('--schedule', choices=('halve', 'cosine'), default='halve',
@@ -368,9 +371,11 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
         lambda: build_model(mcfg), '--model-overrides', args.model_overrides,
         f"the {mcfg['name']} model with --cross-attn {method} (seq_len {series.seq_len}, label_len "
         f"{series.label_len}, pred_len {series.pred_len}, {series.channels} channel(s))")
-    lr = args.lr or DEFAULT_LR[mcfg['name']]
-    settings = {k: v for k, v in run_settings(args).items()
-                if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'factors', 'baseline')}
+    # compare: --lr is the transformer's, --baseline-lr the baseline's; train: --lr is the one model's
+    chosen = args.baseline_lr if method == BASELINE and hasattr(args, 'baseline_lr') else args.lr
+    lr = chosen or DEFAULT_LR[mcfg['name']]
+    settings = {k: v for k, v in run_settings(args).items()  # the run's own lr is config['lr']
+                if k not in ('pred_len', 'pred_lens', 'seq_lens', 'label_lens', 'factors', 'baseline', 'baseline_lr')}
     settings.update(seq_len=dcfg['seq_len'], label_len=dcfg['label_len'])  # this run's lengths (per horizon)
     config = dict(method=method, seed=seed, lr=lr, model=mcfg, data=dcfg, columns=series.columns,
                   borders=series.borders, parameters=sum(p.numel() for p in model.parameters()), args=settings,

@@ -134,6 +134,17 @@ def test_compare_full_lavo_linear_over_horizons_and_seeds(tiny_csv, tmp_path):
     assert 'linear MSE' in result['table_markdown'] and 'Informer paper' not in result['table_markdown']
     with pytest.raises(FileExistsError, match='already hold a run'):  # every folder checked before training
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--out', str(out)])
+    # --lr is the transformer's: the baseline keeps DLinear's 5e-3 unless --baseline-lr sets it
+    for extra, baseline_lr in (([], 5e-3), (['--baseline-lr', '2e-3'], 2e-3)):
+        lrs = tmp_path / f'lrs{len(extra)}'
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--updates', '1',
+                     '--cross-attns', 'full', '--lr', '3e-4', *extra, '--out', str(lrs)])
+        stored = {m: json.loads((lrs / 'h4' / m / 'seed0' / 'config.json').read_text())['lr'] for m in ('full', 'linear')}
+        assert stored == {'full': 3e-4, 'linear': baseline_lr}
+    with pytest.raises(ValueError, match=r'linear.*\(lr: 0.005 -> 0.001\)'):  # a changed baseline lr: a changed run
+        recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--updates', '1',
+                     '--cross-attns', 'full', '--lr', '3e-4', '--baseline-lr', '1e-3', '--out', str(tmp_path / 'lrs0'),
+                     '--resume'])
 
 
 def test_compare_per_horizon_lengths(tiny_csv, tmp_path):
