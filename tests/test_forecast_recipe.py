@@ -139,7 +139,8 @@ def test_compare_full_lavo_linear_over_horizons_and_seeds(tiny_csv, tmp_path):
         lrs = tmp_path / f'lrs{len(extra)}'
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--updates', '1',
                      '--cross-attns', 'full', '--lr', '3e-4', *extra, '--out', str(lrs)])
-        stored = {m: json.loads((lrs / 'h4' / m / 'seed0' / 'config.json').read_text())['lr'] for m in ('full', 'linear')}
+        stored = {m: json.loads((lrs / 'h4' / m / 'seed0' / 'config.json').read_text())['lr']
+                  for m in ('full', 'linear')}
         assert stored == {'full': 3e-4, 'linear': baseline_lr}
     with pytest.raises(ValueError, match=r'linear.*\(lr: 0.005 -> 0.001\)'):  # a changed baseline lr: a changed run
         recipe.main(['compare', *tiny(tiny_csv), '--pred-lens', '4', '--seeds', '0', '--updates', '1',
