@@ -281,6 +281,8 @@ def test_encoder_stack_reads_shrinking_suffixes_and_concatenates(one_thread):
             tiny_informer(e_layers=bad)
     with pytest.raises(ValueError, match='needs seq_len >= 4, got 3'):
         tiny_informer(seq_len=3, label_len=2, e_layers=[1, 1, 1])
+    with pytest.raises(ValueError, match='an encoder stack of 3 needs at least 4 input steps, got 3'):
+        stack(h[:, :3])
 
 
 def test_informerstack_parameter_layout(one_thread):
