@@ -231,16 +231,24 @@ def test_factory_errors():
     assert isinstance(linear, LinearForecaster)
 
 
+def informer2020_parameters(encoder_blocks, d=512, f=2048, c=7, marks=4):
+    """Parameters of Informer2020's model with one decoder block, counted layer by layer from its model code (the
+    value conv and the timeF linear carry biases): one encoder per entry of ``encoder_blocks`` (``Informer``: [2];
+    ``InformerStack``: [3, 2, 1]), each with its blocks, a distilling conv between them and a final norm."""
+    embedding = (c * d * 3 + d) + (marks * d + d)
+    attention, ffn = 4 * (d * d + d), (d * f + f) + (f * d + d)
+    distil = d * d * 3 + d + 2 * d  # conv with bias, BatchNorm affine
+    encoders = sum(n * (attention + ffn + 2 * 2 * d) + (n - 1) * distil + 2 * d for n in encoder_blocks)
+    decoder = (2 * attention + ffn + 3 * 2 * d) + 2 * d + (d * c + c)  # 1 block, norm, projection
+    return 2 * embedding + encoders + decoder
+
+
 def test_informer2020_parameter_layout_and_registered_sizes(one_thread):
     """The full-size model has Informer2020's parameters, counted layer by layer from its model code (the value
     conv and the timeF linear carry biases); ``informer_mid`` is the quarter-width CPU reproduction config."""
-    d, f, c, marks = 512, 2048, 7, 4
-    embedding = (c * d * 3 + d) + (marks * d + d)
-    attention, ffn = 4 * (d * d + d), (d * f + f) + (f * d + d)
-    encoder = 2 * (attention + ffn + 2 * 2 * d) + (d * d * 3 + d + 2 * d) + 2 * d  # 2 blocks, 1 distil, norm
-    decoder = (2 * attention + ffn + 3 * 2 * d) + 2 * d + (d * c + c)  # 1 block, norm, projection
+    c = 7
     model = create_forecast_model('informer', enc_in=c, dec_in=c, c_out=c, seq_len=48, label_len=48, pred_len=24)
-    assert sum(p.numel() for p in model.parameters()) == 2 * embedding + encoder + decoder == 11_330_055
+    assert sum(p.numel() for p in model.parameters()) == informer2020_parameters([2]) == 11_330_055
     assert model.enc_embedding.value.conv.bias is not None and model.enc_embedding.time.bias is not None
     mid = create_forecast_model('informer_mid', enc_in=c, dec_in=c, c_out=c, seq_len=48, label_len=48, pred_len=24,
                                 cross_attn='lavo')
@@ -288,19 +296,10 @@ def test_encoder_stack_reads_shrinking_suffixes_and_concatenates(one_thread):
 def test_informerstack_parameter_layout(one_thread):
     """``informerstack`` has Informer2020's InformerStack parameters with main_informer.py's defaults (s_layers 3, 2,
     1; d_layers 1; d_model 512, d_ff 2048), counted layer by layer from its model code."""
-    d, f, c, marks = 512, 2048, 7, 4
-    embedding = (c * d * 3 + d) + (marks * d + d)
-    attention, ffn = 4 * (d * d + d), (d * f + f) + (f * d + d)
-    distil = d * d * 3 + d + 2 * d  # conv with bias, BatchNorm affine
-
-    def encoder(blocks):
-        return blocks * (attention + ffn + 2 * 2 * d) + (blocks - 1) * distil + 2 * d
-
-    decoder = (2 * attention + ffn + 3 * 2 * d) + 2 * d + (d * c + c)
+    c = 7
     model = create_forecast_model('informerstack', enc_in=c, dec_in=c, c_out=c, seq_len=168, label_len=168,
                                   pred_len=168)
-    expected = 2 * embedding + encoder(3) + encoder(2) + encoder(1) + decoder
-    assert sum(p.numel() for p in model.parameters()) == expected == 25_517_575
+    assert sum(p.numel() for p in model.parameters()) == informer2020_parameters([3, 2, 1]) == 25_517_575
     layer = model.decoder.layers[0]
     assert len(model.decoder.layers) == 1 and layer.self_attention.mix and model.enc_embedding.dropout.p == 0.05
 
