@@ -16,7 +16,9 @@ Data: a run's config stores the fingerprints of the data files it reads (``data_
 import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -261,10 +263,22 @@ def sweep_jobs(jobs: int, num_runs: int) -> int:
     return max(1, min(jobs, num_runs))
 
 
+def _stop_when_parent_ends(parent: Any) -> None:
+    """Block until the sweep's parent process has ended (however it ended: SIGTERM, SIGKILL or a crash), then end
+    this worker at once. Without it a stopped sweep leaves its workers training: they hold the cores and may
+    still write checkpoints into run folders nobody is watching."""
+    multiprocessing.connection.wait([parent.sentinel])
+    print(f'sweep worker {os.getpid()}: the sweep (process {parent.pid}) has ended; stopping', flush=True)
+    os._exit(1)
+
+
 def _start_worker(threads: int) -> None:
     from . import engine
     engine.PROGRESS = False  # one progress bar per worker would interleave; the sweep reports finished runs
     torch.set_num_threads(threads)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_stop_when_parent_ends, args=(parent,), name='sweep-parent-watch', daemon=True).start()
 
 
 def check_resumed_runs(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, ...]], **kwargs: Any) -> None:
@@ -298,7 +312,8 @@ def train_sweep(train: Callable[..., Any], args: Any, runs: Sequence[Tuple[Any, 
     with ``threads // jobs`` torch threads (at least 1; ``threads`` is ``--threads`` or torch's default). Every
     run is seeded by itself, so at the same threads per run its weights are those it gets when trained alone
     (other thread counts change float rounding only). A failed run does not stop the others: each is reported
-    as it is collected, and once all have finished or failed the first failure is raised. With ``args.resume``,
+    as it is collected, and once all have finished or failed the first failure is raised. Each worker ends as
+    soon as this process ends, however it was stopped (:func:`_stop_when_parent_ends`). With ``args.resume``,
     :func:`check_resumed_runs` runs first.
     """
     if getattr(args, 'resume', False):

@@ -52,3 +52,15 @@ def train_with_settings(args, name: str, seed: int, run_dir: Path, resume: bool)
                        args=dict(setting=args.setting)))
     marker = Path(run_dir) / 'trained.txt'
     marker.write_text(str(int(marker.read_text()) + 1 if marker.exists() else 1))
+
+
+def train_until_stopped(args, name: str, seed: int, run_dir: Path, resume: bool) -> None:
+    """A stand-in for a recipe's ``run_train`` that never finishes: writes its process id into ``run_dir`` and
+    sleeps (the sweep-stopping test ends it from outside)."""
+    import os
+    import time
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / 'pid.tmp').write_text(str(os.getpid()))
+    (Path(run_dir) / 'pid.tmp').rename(Path(run_dir) / 'pid.txt')
+    while True:
+        time.sleep(1)

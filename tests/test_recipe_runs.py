@@ -2,7 +2,9 @@
 evaluation / best checkpoint / early stopping, sweeps. Each fault-injection test damages or misuses a
 tiny run and asserts the error and that the run folder is byte-for-byte unchanged."""
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -709,6 +711,57 @@ def test_sweep_worker_failure_is_raised_after_the_other_runs_finish(tmp_path, ca
     assert (tmp_path / 'fine2' / 'trained.txt').exists() and not (tmp_path / 'broken').exists()
     out = capsys.readouterr().out
     assert 'FAILED: ' + str(tmp_path / 'broken') + ': ValueError' in out and 'trained: ' + str(tmp_path / 'fine') in out
+
+
+def _process_ended(pid: int) -> bool:
+    """Linux: the process is gone, or a zombie nobody has reaped yet (it no longer runs)."""
+    try:
+        stat = Path(f'/proc/{pid}/stat').read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads process states from /proc')
+@pytest.mark.parametrize('stop', ['SIGTERM', 'SIGKILL'])
+def test_stopping_a_sweep_stops_its_workers(tmp_path, stop):
+    """A sweep stopped from outside (``kill`` of its process, or SIGKILL) takes its spawned workers with it: before
+    stop 52 they went on training (and checkpointing) runs that nobody was watching."""
+    import signal
+    import subprocess
+    import time
+    tests = Path(__file__).resolve().parent
+    script = (f"import argparse, sys; sys.path.insert(0, {str(tests)!r})\n"
+              "from run_helpers import train_until_stopped\n"
+              "from vision_priors.recipes.runs import train_sweep\n"
+              "if __name__ == '__main__':\n"
+              f"    train_sweep(train_until_stopped, argparse.Namespace(jobs=2, threads=1, resume=False),\n"
+              f"                [('a', 0, {str(tmp_path / 'a')!r}), ('b', 1, {str(tmp_path / 'b')!r})])\n")
+    (tmp_path / 'sweep.py').write_text(script)
+    sweep = subprocess.Popen([sys.executable, str(tmp_path / 'sweep.py')], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        pid_files = [tmp_path / 'a' / 'pid.txt', tmp_path / 'b' / 'pid.txt']
+        deadline = time.monotonic() + 120
+        while not all(f.exists() for f in pid_files):
+            assert sweep.poll() is None, sweep.stdout.read()
+            assert time.monotonic() < deadline, 'the workers never started'
+            time.sleep(0.2)
+        workers = [int(f.read_text()) for f in pid_files]
+        assert sweep.pid not in workers and not any(_process_ended(pid) for pid in workers)
+        sweep.send_signal(getattr(signal, stop))
+        sweep.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not all(_process_ended(pid) for pid in workers):
+            assert time.monotonic() < deadline, f'workers {workers} still running after the sweep ended'
+            time.sleep(0.2)
+        assert 'has ended; stopping' in sweep.stdout.read()
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        for f in (tmp_path / 'a' / 'pid.txt', tmp_path / 'b' / 'pid.txt'):
+            if f.exists() and not _process_ended(int(f.read_text())):
+                os.kill(int(f.read_text()), signal.SIGKILL)
 
 
 def test_resumed_sweep_checks_every_run_before_any_trains(tmp_path, capsys):
