@@ -740,8 +740,8 @@ def test_stopping_a_sweep_stops_its_workers(tmp_path, stop):
     (tmp_path / 'sweep.py').write_text(script)
     sweep = subprocess.Popen([sys.executable, str(tmp_path / 'sweep.py')], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
+    pid_files = [tmp_path / 'a' / 'pid.txt', tmp_path / 'b' / 'pid.txt']
     try:
-        pid_files = [tmp_path / 'a' / 'pid.txt', tmp_path / 'b' / 'pid.txt']
         deadline = time.monotonic() + 120
         while not all(f.exists() for f in pid_files):
             assert sweep.poll() is None, sweep.stdout.read()
@@ -759,7 +759,7 @@ def test_stopping_a_sweep_stops_its_workers(tmp_path, stop):
     finally:
         if sweep.poll() is None:
             sweep.kill()
-        for f in (tmp_path / 'a' / 'pid.txt', tmp_path / 'b' / 'pid.txt'):
+        for f in pid_files:
             if f.exists() and not _process_ended(int(f.read_text())):
                 os.kill(int(f.read_text()), signal.SIGKILL)
 
