@@ -79,25 +79,32 @@ def preserved_rng() -> Iterator[None]:
 
 
 class TrainState:
-    """Update / micro-batch counters and best-metric bookkeeping, checkpointed with the rest."""
+    """Update / micro-batch counters, the last training loss read back and best-metric bookkeeping, checkpointed
+    with the rest (so a finished run resumed reports what it ended with)."""
 
     def __init__(self) -> None:
         self.micro_step = 0
         self.update = 0
+        self.last_loss = math.nan
         self.best_value: Optional[float] = None
         self.best_update = 0
         self.evals_since_best = 0
 
     def state_dict(self) -> Dict[str, Any]:
-        return dict(micro_step=self.micro_step, update=self.update, best_value=self.best_value,
-                    best_update=self.best_update, evals_since_best=self.evals_since_best)
+        return dict(micro_step=self.micro_step, update=self.update, last_loss=self.last_loss,
+                    best_value=self.best_value, best_update=self.best_update, evals_since_best=self.evals_since_best)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.micro_step = int(state['micro_step'])
         self.update = int(state['update'])
+        self.last_loss = float(state.get('last_loss', math.nan))  # checkpoints before stop 54 lack it
         self.best_value = state.get('best_value')
         self.best_update = int(state.get('best_update', 0))
         self.evals_since_best = int(state.get('evals_since_best', 0))
+
+    def stopped_early(self, total_updates: int, patience: int) -> bool:
+        """Patience ran out before the last update (at the last update the run simply ends)."""
+        return bool(patience) and self.evals_since_best >= patience and self.update < total_updates
 
 
 def make_accelerator(seed: int, mixed_precision: str = 'no', grad_accum: int = 1, cpu: bool = False) -> Accelerator:
@@ -262,8 +269,9 @@ def fit(
                     desc='train', dynamic_ncols=True)
     loss_sum = torch.zeros((), device=accelerator.device)
     losses_summed = 0
-    last_loss = math.nan
-    stopped_early = False
+    last_loss = state.last_loss
+    stopped_early = state.stopped_early(total_updates, patience)  # a resumed run that had already stopped
+    stopped_before = stopped_early
 
     def run_evaluation() -> bool:
         """Evaluate, track the best value; True when patience is exhausted."""
@@ -285,7 +293,7 @@ def fit(
         return bool(patience) and state.evals_since_best >= patience
 
     model.train()
-    done = state.update >= total_updates or (bool(patience) and state.evals_since_best >= patience)
+    done = state.update >= total_updates or stopped_early
     while not done:
         epoch, offset = divmod(state.micro_step, micro_per_epoch)
         if hasattr(train_loader, 'set_epoch'):
@@ -336,6 +344,7 @@ def fit(
                 # are never evaluated, kept as the best or saved
                 last_loss = accelerator.gather((loss_sum / max(1, losses_summed))[None]).float().mean().item()
                 check_finite_loss(last_loss, state.update, losses_summed, out_dir)
+                state.last_loss = last_loss
             if logging:
                 loss_sum.zero_()
                 losses_summed = 0
@@ -357,7 +366,7 @@ def fit(
             if seen == 0:
                 raise ValueError(f'the training loader yielded no batch in epoch {epoch}')
     progress.close()
-    if stopped_early and logger is not None:
+    if stopped_early and not stopped_before and logger is not None:
         logger.log(event='early_stop', update=state.update, best_update=state.best_update, best_value=state.best_value)
     return {'updates': state.update, 'last_loss': last_loss, 'checkpoint': latest_checkpoint(out_dir),
             'best_value': state.best_value, 'best_update': state.best_update, 'stopped_early': stopped_early}

@@ -2,6 +2,7 @@
 evaluation / best checkpoint / early stopping, sweeps. Each fault-injection test damages or misuses a
 tiny run and asserts the error and that the run folder is byte-for-byte unchanged."""
 import json
+import math
 import os
 import re
 import sys
@@ -581,6 +582,35 @@ def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_pat
     with pytest.raises(ValueError, match=r'early stopping \(patience\) needs best_metric'):
         fit(accelerator, model, optimizer, None, loader, torch.nn.functional.cross_entropy, 1, tmp_path / 'x',
             evaluate=evaluate, patience=1)
+
+
+def test_resuming_an_early_stopped_run_reports_how_it_ended(tmp_path):
+    """--resume on a run that patience already stopped trains nothing and reports what the run ended with: stopped
+    early, its last training loss and best update (not a NaN loss and 'not stopped'), with no second early_stop
+    event in the log."""
+    from torch.utils.data import TensorDataset
+    from vision_priors.recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
+    from vision_priors.recipes.logs import JsonlLogger
+
+    def run(resume):
+        scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1])
+        accelerator = make_accelerator(0, cpu=True)
+        model = torch.nn.Linear(3, 2)
+        data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = train_loader(data, 8, seed=0)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        return fit(accelerator, model, optimizer, cosine_schedule(optimizer, 0.1, 40, 0.0), loader,
+                   torch.nn.functional.cross_entropy, 40, tmp_path, eval_every=3, log_every=5,
+                   evaluate=lambda: {'loss': next(scripted)}, best_metric='loss', best_mode='min', patience=2,
+                   resume=resume, logger=JsonlLogger(tmp_path / 'log.jsonl'))
+
+    first = run(resume=False)
+    assert first['stopped_early'] and first['updates'] == 12 and math.isfinite(first['last_loss'])
+    again = run(resume=True)
+    assert again == first
+    events = [json.loads(line)['event'] for line in (tmp_path / 'log.jsonl').read_text().splitlines()]
+    assert events.count('early_stop') == 1 and events.count('eval') == 4
 
 
 @pytest.mark.parametrize('bad', [float('nan'), float('inf')])
