@@ -131,7 +131,8 @@ def latest_checkpoint(out_dir: Path, verify: bool = True) -> Optional[Path]:
 
 def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: int = 2,
                     ema_model: Optional[torch.nn.Module] = None) -> Path:
-    """Atomically write ``out_dir/checkpoint-<step>`` with its manifest, point ``latest.json`` at it; keep ``keep``.
+    """Atomically write ``out_dir/checkpoint-<step>`` with its manifest, point ``latest.json`` at it; keep the newest
+    ``keep`` checkpoints (0 = all of them).
 
     ``ema_model``: a model EMA's averaged module; its weights are written as ``ema.safetensors`` beside the
     training state (which holds the EMA too, for ``--resume``) and are the checkpoint's evaluation weights."""
@@ -151,7 +152,7 @@ def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, keep: in
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_json_atomic(out_dir / LATEST, {'checkpoint': final.name, 'step': step})
-        old = [p for p in checkpoint_folders(out_dir) if p != final]
+        old = [p for p in checkpoint_folders(out_dir) if p != final] if keep else []
         for path in old[:max(0, len(old) - (keep - 1))]:
             shutil.rmtree(path, ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -134,6 +134,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, out: str, sweep: bool = Fa
                        help='training seed (init, data order)')
     g.add_argument('--checkpoint-every', type=nonnegative_int, default=0,
                    help='checkpoint every N updates (and at the end); 0 = only at the end')
+    g.add_argument('--keep-checkpoints', type=nonnegative_int, default=2,
+                   help='checkpoints kept in a run folder, the newest N (0 = all, e.g. to test each epoch\'s weights '
+                        'afterwards with the recipe\'s eval); best/ is kept apart')
     g.add_argument('--resume', action='store_true',
                    help='continue the run in OUT (its settings must match; see --help of the recipe)')
     g.add_argument('--stop-after', type=positive_int, default=None, help='stop after N updates (simulates a kill)')

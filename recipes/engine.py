@@ -200,6 +200,7 @@ def fit(
         ema: Optional[nn.Module] = None,
         clip_grad: Optional[float] = None,
         checkpoint_every: int = 0,
+        keep_checkpoints: int = 2,
         resume: bool = False,
         stop_after: Optional[int] = None,
         log_every: int = 10,
@@ -225,6 +226,8 @@ def fit(
             the run's result (timm's convention): ``evaluate`` must evaluate ``ema.module``, ``best`` holds them
             and every checkpoint has them as ``ema.safetensors`` (what ``load_weights`` returns).
         checkpoint_every: Save every this many updates (and at the end); 0 = only at the end.
+        keep_checkpoints: Keep the newest this many checkpoints in ``out_dir``; 0 = all (e.g. to test every epoch's
+            weights afterwards).
         resume: Continue from ``out_dir/latest.json`` if present (verified file by file).
         stop_after: Stop (after checkpointing) once this many updates are done: simulates a kill.
         log_every: Log the mean training loss of the last updates every this many updates; the loss is
@@ -356,7 +359,8 @@ def fit(
                 stopped_early = run_evaluation() and not at_end
             stopping = stopped_early or (stop_after is not None and state.update >= stop_after)
             if at_end or stopping or (checkpoint_every and state.update % checkpoint_every == 0):
-                save_checkpoint(accelerator, out_dir, state.update, ema_model=None if ema is None else ema.module)
+                save_checkpoint(accelerator, out_dir, state.update, keep=keep_checkpoints,
+                                ema_model=None if ema is None else ema.module)
             if at_end or stopping:
                 done = True
                 break

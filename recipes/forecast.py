@@ -406,7 +406,8 @@ def run_train(args: argparse.Namespace, method: str, pred_len: int, seed: int, o
     logger.log(event='start', method=method, pred_len=pred_len, seed=seed, total_updates=total_updates,
                updates_per_epoch=updates_per_epoch, parameters=config['parameters'], device=str(accelerator.device))
     result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir, step_fn=step,
-                 clip_grad=args.clip_grad, checkpoint_every=checkpoint_every, resume=resume,
+                 clip_grad=args.clip_grad, checkpoint_every=checkpoint_every,
+                 keep_checkpoints=args.keep_checkpoints, resume=resume,
                  stop_after=args.stop_after, logger=logger, log_every=args.log_every, eval_every=eval_every,
                  evaluate=evaluate, best_metric='mse' if evaluate else None, best_mode='min',
                  patience=args.patience if evaluate else 0)

@@ -448,6 +448,7 @@ def run_train(args: argparse.Namespace, attn: str, seed: int, out_dir: Path, res
     step = lm_step if task == 'lm' else answer_step
     result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir,
                  step_fn=step, clip_grad=args.clip_grad, checkpoint_every=args.checkpoint_every,
+                 keep_checkpoints=args.keep_checkpoints,
                  resume=resume, stop_after=args.stop_after, logger=logger, log_every=args.log_every,
                  eval_every=args.eval_every, evaluate=evaluate, best_metric='loss' if evaluate else None,
                  best_mode='min', patience=args.patience)
@@ -535,7 +536,8 @@ def passkey_sections(args: argparse.Namespace, runs: Sequence[str], out: Path) -
 def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
     """The training flags a passkey fine-tuning needs, with the shared defaults where the command has none."""
     defaults = dict(grad_accum=1, epochs=1, opt='adamw', warmup_frac=0.05, clip_grad=1.0,  # weight decay: a flag
-                    stop_after=None, eval_every=0, patience=0, checkpoint_every=0, log_every=10, amp='no')
+                    stop_after=None, eval_every=0, patience=0, checkpoint_every=0, keep_checkpoints=2, log_every=10,
+                    amp='no')
     return argparse.Namespace(**dict(defaults, **vars(args)))
 
 

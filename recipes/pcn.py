@@ -300,6 +300,7 @@ def run_train(args: argparse.Namespace, cross_attn: str, seed: int, out_dir: Pat
                parameters=config['parameters'], processes=accelerator.num_processes, device=str(accelerator.device))
     result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir,
                  step_fn=completion_step, clip_grad=args.clip_grad, checkpoint_every=args.checkpoint_every,
+                 keep_checkpoints=args.keep_checkpoints,
                  resume=resume, stop_after=args.stop_after, logger=logger, log_every=args.log_every,
                  eval_every=args.eval_every, evaluate=evaluate, best_metric='cd_l1' if evaluate else None,
                  best_mode='min', patience=args.patience)

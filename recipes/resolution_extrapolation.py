@@ -548,7 +548,8 @@ def run_train(args: argparse.Namespace, name: str, seed: int, out_dir: Path, res
                processes=accelerator.num_processes, device=str(accelerator.device))
     result = fit(accelerator, model, optimizer, scheduler, loader, loss_fn, total_updates, out_dir,
                  batch_transform=batch_transform, ema=ema, clip_grad=args.clip_grad,
-                 checkpoint_every=args.checkpoint_every, resume=resume, stop_after=args.stop_after,
+                 checkpoint_every=args.checkpoint_every,
+                 keep_checkpoints=args.keep_checkpoints, resume=resume, stop_after=args.stop_after,
                  log_every=args.log_every, logger=logger, epoch_length=epoch_length, eval_every=args.eval_every,
                  evaluate=evaluate, best_metric='top1' if evaluate else None, best_mode='max', patience=args.patience)
     logger.log(event='end', **{k: str(v) for k, v in result.items()})

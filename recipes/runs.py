@@ -34,8 +34,8 @@ CONFIG = 'config.json'
 # flags that never change what a run computes: a resumed run may use other values
 # (``builtin_root`` only says where the built-in data are cached; the generator settings that define them are
 # compared)
-RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every', 'cpu',
-                   'builtin_root')
+RESUMABLE_FLAGS = ('resume', 'stop_after', 'num_workers', 'threads', 'log_every', 'checkpoint_every',
+                   'keep_checkpoints', 'cpu', 'builtin_root')
 # flags that describe a command, not one run (a sweep's lists, the output root), or that the config
 # stores on its own (the model / method and the seed of the run)
 COMMAND_FLAGS = ('command', 'out', 'models', 'methods', 'seeds', 'sources', 'runs', 'model', 'method', 'seed',

@@ -421,6 +421,7 @@ def run_train(args: argparse.Namespace, method: str, seed: int, out_dir: Path, r
                processes=accelerator.num_processes, device=str(accelerator.device))
     result = fit(accelerator, model, optimizer, scheduler, loader, None, total_updates, out_dir,
                  step_fn=answer_loss, clip_grad=args.clip_grad, checkpoint_every=args.checkpoint_every,
+                 keep_checkpoints=args.keep_checkpoints,
                  resume=resume, stop_after=args.stop_after, logger=logger, log_every=args.log_every,
                  eval_every=args.eval_every, evaluate=evaluate, best_metric='nll' if evaluate else None,
                  best_mode='min', patience=args.patience)

@@ -257,6 +257,25 @@ def test_recipe_errors(tiny_csv, tmp_path):
     assert not out.exists()  # nothing written by a rejected run
 
 
+def test_keep_checkpoints_zero_keeps_every_epoch_for_eval(tiny_csv, tmp_path):
+    """By default a run keeps its newest 2 checkpoints; --keep-checkpoints 0 keeps one per epoch, so an earlier
+    epoch's weights can be tested after the run (here epoch 1 against the best); the flag may change on --resume."""
+    common = ['train', *tiny(tiny_csv), '--pred-len', '4', '--epochs', '3']
+    recipe.main([*common, '--out', str(tmp_path / 'default')])
+    recipe.main([*common, '--out', str(tmp_path / 'all'), '--keep-checkpoints', '0'])
+    per_epoch = (210 - 16 - 4 + 1) // 16
+    kept = lambda run: sorted(p.name for p in (tmp_path / run).glob('checkpoint-*'))
+    assert kept('default') == [f'checkpoint-{per_epoch * e:08d}' for e in (2, 3)]
+    assert kept('all') == [f'checkpoint-{per_epoch * e:08d}' for e in (1, 2, 3)]
+    recipe.main([*common, '--out', str(tmp_path / 'all'), '--keep-checkpoints', '1', '--resume'])  # accepted
+    assert kept('all') == [f'checkpoint-{per_epoch * e:08d}' for e in (1, 2, 3)]  # nothing trained, nothing pruned
+    result = recipe.main(['eval', str(tmp_path / 'all' / f'checkpoint-{per_epoch:08d}'), str(tmp_path / 'all'),
+                          '--out', str(tmp_path / 'eval'), '--cpu', '--batch-size', '16', '--plot-windows', '2'])
+    first, best = result['rows']
+    assert first['weights'].endswith(f'checkpoint-{per_epoch:08d}') and best['weights'].endswith('best')
+    assert first['mse'] != best['mse']
+
+
 def test_patience_follows_validation(tiny_csv, tmp_path):
     """Informer's patience 3 is the default only when validating: --eval-every 0 alone trains without early
     stopping (it was rejected as '--patience needs --eval-every'); an explicit --patience still needs it."""
