@@ -359,7 +359,8 @@ def test_goat_options_are_recorded_and_a_legacy_config_rebuilds_the_old_model():
     config = recipe.model_config(args, 'goat')
     assert config['overrides']['goat_kwargs'] == dict(LM_GOAT_DEFAULTS, prior_init='zero')
     prior = recipe.build_model(config).blocks[0].attn.layer.prior
-    assert prior.key_mlp is None and prior.key_slope_raw is not None and float(prior.key_slopes().max().detach()) < 1e-12
+    assert prior.key_mlp is None and prior.key_slope_raw is not None
+    assert float(prior.key_slopes().max().detach()) < 1e-12
     legacy = dict(attn='goat', overrides=dict(recipe.CPU_MODEL))  # no goat_kwargs: an old run
     prior = recipe.build_model(legacy).blocks[0].attn.layer.prior
     assert prior.key_mlp is not None and prior.key_slope is not None and not prior.key_slope.any()
