@@ -552,20 +552,26 @@ def test_config_differences_and_report_helpers():
         group_rows([dict(s=0)], 'm')
 
 
-def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_path):
-    """A scripted validation metric: best at the 2nd evaluation, then two worse ones -> stop (patience 2)."""
+def _tiny_classifier_fit():
+    """A prepared accelerator, linear classifier, SGD optimizer and loader of 8 batches: the engine tests' run."""
     from torch.utils.data import TensorDataset
-    from vision_priors.recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
-    from vision_priors.recipes.checkpoints import load_weights
+    from vision_priors.recipes.engine import make_accelerator, train_loader
 
-    scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1, 0.1])
-    snapshots = {}
     accelerator = make_accelerator(0, cpu=True)
     model = torch.nn.Linear(3, 2)
     data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = train_loader(data, 8, seed=0)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return (accelerator, *accelerator.prepare(model, optimizer, train_loader(data, 8, seed=0)))
+
+
+def test_fit_keeps_the_best_weights_and_stops_after_patience_evaluations(tmp_path):
+    """A scripted validation metric: best at the 2nd evaluation, then two worse ones -> stop (patience 2)."""
+    from vision_priors.recipes.engine import cosine_schedule, fit
+    from vision_priors.recipes.checkpoints import load_weights
+
+    scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1, 0.1])
+    snapshots = {}
+    accelerator, model, optimizer, loader = _tiny_classifier_fit()
 
     def evaluate():
         snapshots[len(snapshots) + 1] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -588,18 +594,12 @@ def test_resuming_an_early_stopped_run_reports_how_it_ended(tmp_path):
     """--resume on a run that patience already stopped trains nothing and reports what the run ended with: stopped
     early, its last training loss and best update (not a NaN loss and 'not stopped'), with no second early_stop
     event in the log."""
-    from torch.utils.data import TensorDataset
-    from vision_priors.recipes.engine import cosine_schedule, fit, make_accelerator, train_loader
+    from vision_priors.recipes.engine import cosine_schedule, fit
     from vision_priors.recipes.logs import JsonlLogger
 
     def run(resume):
         scripted = iter([0.9, 0.4, 0.6, 0.5, 0.1])
-        accelerator = make_accelerator(0, cpu=True)
-        model = torch.nn.Linear(3, 2)
-        data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = train_loader(data, 8, seed=0)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        accelerator, model, optimizer, loader = _tiny_classifier_fit()
         return fit(accelerator, model, optimizer, cosine_schedule(optimizer, 0.1, 40, 0.0), loader,
                    torch.nn.functional.cross_entropy, 40, tmp_path, eval_every=3, log_every=5,
                    evaluate=lambda: {'loss': next(scripted)}, best_metric='loss', best_mode='min', patience=2,
@@ -618,14 +618,9 @@ def test_fit_stops_a_diverged_run_before_saving_or_evaluating_it(tmp_path, bad):
     """A non-finite training loss (here from update 3 on) stops the run with an error naming the update and the last
     good checkpoint, at the next checkpoint / evaluation even between log intervals: nothing diverged is saved,
     evaluated or kept as the best."""
-    from torch.utils.data import TensorDataset
-    from vision_priors.recipes.engine import fit, make_accelerator, train_loader
+    from vision_priors.recipes.engine import fit
 
-    accelerator = make_accelerator(0, cpu=True)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = train_loader(TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,))), 8, seed=0)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    accelerator, model, optimizer, loader = _tiny_classifier_fit()
     calls, evaluated = [0], []
 
     def step_fn(model, batch):
