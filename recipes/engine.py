@@ -274,7 +274,6 @@ def fit(
     losses_summed = 0
     last_loss = state.last_loss
     stopped_early = state.stopped_early(total_updates, patience)  # a resumed run that had already stopped
-    stopped_before = stopped_early
 
     def run_evaluation() -> bool:
         """Evaluate, track the best value; True when patience is exhausted."""
@@ -357,6 +356,9 @@ def fit(
                                lr=optimizer.param_groups[0]['lr'])
             if evaluating:
                 stopped_early = run_evaluation() and not at_end
+                if stopped_early and logger is not None:
+                    logger.log(event='early_stop', update=state.update, best_update=state.best_update,
+                               best_value=state.best_value)
             stopping = stopped_early or (stop_after is not None and state.update >= stop_after)
             if at_end or stopping or (checkpoint_every and state.update % checkpoint_every == 0):
                 save_checkpoint(accelerator, out_dir, state.update, keep=keep_checkpoints,
@@ -370,8 +372,6 @@ def fit(
             if seen == 0:
                 raise ValueError(f'the training loader yielded no batch in epoch {epoch}')
     progress.close()
-    if stopped_early and not stopped_before and logger is not None:
-        logger.log(event='early_stop', update=state.update, best_update=state.best_update, best_value=state.best_value)
     return {'updates': state.update, 'last_loss': last_loss, 'checkpoint': latest_checkpoint(out_dir),
             'best_value': state.best_value, 'best_update': state.best_update, 'stopped_early': stopped_early}
 
