@@ -230,8 +230,9 @@ def fit(
             weights afterwards).
         resume: Continue from ``out_dir/latest.json`` if present (verified file by file).
         stop_after: Stop (after checkpointing) once this many updates are done: simulates a kill.
-        log_every: Log the mean training loss of the last updates every this many updates; the loss is
-            read back from the device only then (no per-step synchronisation).
+        log_every: Log the mean training loss of the last updates every this many updates, with the number of
+            micro-batches it averages (``micro_batches``: fewer right after a resume); the loss is read back
+            from the device only then (no per-step synchronisation).
         epoch_length: Micro-batches per epoch for loaders without ``len``.
         step_fn: For batches of any structure (e.g. a dict): ``step_fn(model, batch) -> loss``, called
             under autocast with the batch already on the device; replaces ``loss_fn(model(images), targets)``.
@@ -348,12 +349,13 @@ def fit(
                 check_finite_loss(last_loss, state.update, losses_summed, out_dir)
                 state.last_loss = last_loss
             if logging:
+                averaged = losses_summed  # fewer than log_every updates' worth right after a resume
                 loss_sum.zero_()
                 losses_summed = 0
                 progress.set_postfix(loss=f'{last_loss:.4f}')
                 if logger is not None:
                     logger.log(event='train', update=state.update, epoch=epoch, loss=last_loss,
-                               lr=optimizer.param_groups[0]['lr'])
+                               micro_batches=averaged, lr=optimizer.param_groups[0]['lr'])
             if evaluating:
                 stopped_early = run_evaluation() and not at_end
                 if stopped_early and logger is not None:

@@ -346,6 +346,15 @@ def test_training_loss_is_read_back_only_at_the_log_interval(tmp_path):
     train(out, '--log-every', '2')
     losses = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
     assert [e['update'] for e in losses if e['event'] == 'train'] == [2, 4]
+    assert [e['micro_batches'] for e in losses if e['event'] == 'train'] == [2, 2]
+
+
+def test_the_first_loss_logged_after_a_resume_says_it_averages_fewer_updates(tmp_path):
+    out = tmp_path / 'run'
+    train(out, '--log-every', '2', '--stop-after', '3')
+    train(out, '--log-every', '2', '--resume')
+    logged = [e for e in map(json.loads, (out / 'log.jsonl').read_text().splitlines()) if e['event'] == 'train']
+    assert [(e['update'], e['micro_batches']) for e in logged] == [(2, 2), (4, 1)]
 
 
 # ----------------------------------------------------------------------------------------- sweeps
