@@ -349,13 +349,12 @@ def fit(
                 check_finite_loss(last_loss, state.update, losses_summed, out_dir)
                 state.last_loss = last_loss
             if logging:
-                averaged = losses_summed  # fewer than log_every updates' worth right after a resume
-                loss_sum.zero_()
-                losses_summed = 0
                 progress.set_postfix(loss=f'{last_loss:.4f}')
                 if logger is not None:
                     logger.log(event='train', update=state.update, epoch=epoch, loss=last_loss,
-                               micro_batches=averaged, lr=optimizer.param_groups[0]['lr'])
+                               micro_batches=losses_summed, lr=optimizer.param_groups[0]['lr'])
+                loss_sum.zero_()
+                losses_summed = 0
             if evaluating:
                 stopped_early = run_evaluation() and not at_end
                 if stopped_early and logger is not None:
