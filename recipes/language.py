@@ -335,11 +335,13 @@ def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int, device)
 
 
 @torch.no_grad()
-def answer_accuracy(model: nn.Module, data, batch_size: int, device) -> Dict[str, float]:
+def answer_accuracy(model: nn.Module, data, batch_size: int, device, group: Optional[str] = None) -> Dict[str, Any]:
     """Argmax accuracy of the answer bytes (teacher forced; exact match = every answer byte right, which is
-    exactly when greedy generation reproduces the answer)."""
+    exactly when greedy generation reproduces the answer). With ``group`` (an item key, e.g. ``'offset'``) also
+    ``by_<group>``: value -> {'exact_match', 'items'}, in increasing order of the value."""
     model.eval()
     right = total = exact = items = 0
+    per_value: Dict[Any, List[int]] = {}  # value -> [exact, items]
     for start in range(0, len(data), batch_size):
         chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
         batch = {'tokens': torch.stack([it['tokens'] for it in chunk]).to(device),
@@ -350,7 +352,16 @@ def answer_accuracy(model: nn.Module, data, batch_size: int, device) -> Dict[str
         total += int(mask.sum())
         exact += int(hit.all(-1).sum())
         items += len(chunk)
-    return dict(digit_accuracy=right / total, exact_match=exact / items)
+        if group is not None:
+            for item, solved in zip(chunk, hit.all(-1).tolist()):
+                counts = per_value.setdefault(item[group], [0, 0])
+                counts[0] += int(solved)
+                counts[1] += 1
+    metrics: Dict[str, Any] = dict(digit_accuracy=right / total, exact_match=exact / items)
+    if group is not None:
+        metrics[f'by_{group}'] = {str(value): dict(exact_match=per_value[value][0] / per_value[value][1],
+                                                   items=per_value[value][1]) for value in sorted(per_value)}
+    return metrics
 
 
 def passkey_grid(model: nn.Module, train_length: int, args: argparse.Namespace, device) -> Dict[str, Any]:
@@ -551,9 +562,12 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
         model.to(device)
         spec = IndexSpec(**config['data'].get('index', {}))  # the task this run trained on (older runs: the default)
         metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed, spec), args.eval_batch_size,
-                                  device)
-        rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match']))
-        print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f}')
+                                  device, group='offset')
+        rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match'],
+                         accuracy_by_offset={o: c['exact_match'] for o, c in metrics['by_offset'].items()},
+                         items_by_offset={o: c['items'] for o, c in metrics['by_offset'].items()}))
+        by_offset = ', '.join(f'{int(o):+d}: {c["exact_match"]:.2f}' for o, c in metrics['by_offset'].items())
+        print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f} (per offset {by_offset})')
     return rows
 
 
@@ -650,17 +664,34 @@ def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
 
 
 def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    return {a: dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine))
-            for a, mine in group_rows(rows, 'attn').items()}
+    """method -> {'seeds', 'accuracy': mean/std, 'by_offset': signed offset -> mean/std over the seeds whose
+    held-out items asked for it}."""
+    table = {}
+    for attn, mine in group_rows(rows, 'attn').items():
+        offsets = sorted({int(o) for r in mine for o in r.get('accuracy_by_offset', {})})
+        table[attn] = dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine),
+                           by_offset={str(o): mean_std(r['accuracy_by_offset'][str(o)] for r in mine
+                                                       if str(o) in r.get('accuracy_by_offset', {}))
+                                      for o in offsets})
+    return table
 
 
 def index_table(table: Dict[str, Any]) -> str:
-    return markdown_table(['method', 'indirect-indexing accuracy (%)'],
+    """The accuracy per method and, where measured, per signed offset."""
+    text = markdown_table(['method', 'indirect-indexing accuracy (%)'],
                           [[a, format_cell(t['accuracy'], scale=100, digits=1)] for a, t in table.items()])
+    offsets = sorted({int(o) for t in table.values() for o in t.get('by_offset', {})})
+    if offsets:
+        text += '\n\n' + markdown_table(
+            ['method (accuracy % per offset)'] + [f'{o:+d}' for o in offsets],
+            [[a] + [format_cell(t['by_offset'][str(o)], scale=100, digits=1) if str(o) in t['by_offset'] else ''
+                    for o in offsets] for a, t in table.items()])
+    return text
 
 
 def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
-    fig, axes = figure()
+    """Accuracy per method (bars) and per signed offset (one line per method), mean and std over seeds."""
+    fig, axes = figure(1, 2, size=(11.0, 4.2))
     ax = axes[0][0]
     names = list(table)
     ax.bar(names, [100 * t['accuracy']['mean'] for t in table.values()],
@@ -668,6 +699,16 @@ def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
     ax.axhline(100 / 30, color='grey', ls=':', lw=1, label='chance (1 / offsets)')
     ax.set_ylabel('accuracy (%)')
     ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    for attn, t in table.items():
+        offsets = sorted(t.get('by_offset', {}), key=int)
+        ax.errorbar([int(o) for o in offsets], [100 * t['by_offset'][o]['mean'] for o in offsets],
+                    yerr=[100 * t['by_offset'][o]['std'] for o in offsets], marker='o', capsize=3, label=attn)
+    ax.set_xlabel('signed offset (target position - anchor position)')
+    ax.set_ylabel('accuracy (%)')
+    ax.set_ylim(-2, 102)
+    ax.set_title('per offset', fontsize=9)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
 

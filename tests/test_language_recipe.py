@@ -75,6 +75,11 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
                 dict(tokens=torch.tensor([1, 2, 3, 9]), answer_start=2)]
     metrics = recipe.answer_accuracy(KnownNextByte(1.0), counting, 1, 'cpu')  # one length per batch
     assert metrics == dict(digit_accuracy=4 / 5, exact_match=0.5)  # the second item's last byte (9) is missed
+    # grouped by an item key: exact match per value, values in increasing order
+    grouped = [dict(item, offset=o) for item, o in zip(counting + counting[:1] + counting[1:], (3, -2, -2, 3))]
+    metrics = recipe.answer_accuracy(KnownNextByte(1.0), grouped, 1, 'cpu', group='offset')
+    assert metrics['exact_match'] == 0.5 and list(metrics['by_offset']) == ['-2', '3']
+    assert metrics['by_offset'] == {'-2': dict(exact_match=0.5, items=2), '3': dict(exact_match=0.5, items=2)}
 
 
 def test_compare_two_methods_writes_every_section(tmp_path):
@@ -338,7 +343,15 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"data\.index\.layout: 'offset-anchor' -> 'anchor-offset'"):
         recipe.main([*flags[:-2], '--index-layout', 'anchor-offset', '--resume', '--out', str(out)])
     result = recipe.main([*flags, '--resume', '--out', str(out)])
-    assert result['rows'][0]['attn'] == 'rope' and 0 <= result['rows'][0]['accuracy'] <= 1
+    row = result['rows'][0]
+    assert row['attn'] == 'rope' and 0 <= row['accuracy'] <= 1
+    # per signed offset: the held-out items split by the offset they ask, adding up to the whole test
+    assert set(row['items_by_offset']) <= {'-2', '-1', '1', '2'} and sum(row['items_by_offset'].values()) == 6
+    assert row['accuracy'] == pytest.approx(sum(row['accuracy_by_offset'][o] * n for o, n in
+                                                row['items_by_offset'].items()) / 6)
+    by_offset = result['summary']['index']['rope']['by_offset']
+    assert {o: c['mean'] for o, c in by_offset.items()} == row['accuracy_by_offset']
+    assert 'method (accuracy % per offset)' in result['table_markdown']
     tested = []
     original = recipe.IndexTask
 

@@ -270,10 +270,11 @@ class IndexSpec:
 INDEX_LENGTH = IndexSpec().length
 
 
-def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tuple[bytes, int]:
+def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tuple[bytes, int, int]:
     """One indirect-indexing prompt, left-padded with spaces to ``spec.length`` bytes, ending with its target.
 
-    Returns (text, target_position); ``text[target_position]`` is the target letter.
+    Returns (text, target_position, offset); ``text[target_position]`` is the target letter, ``offset`` the
+    signed offset the prompt asks for.
     """
     count = int(rng.integers(spec.min_letters, spec.max_letters + 1))
     letters = bytes(rng.permutation(list(LETTERS))[:count].tolist())
@@ -284,12 +285,12 @@ def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tup
     code = (b'+' if offset > 0 else b'-') + f'{abs(offset):02d}'.encode()
     query = anchor_byte + code + b'=' if spec.layout == 'anchor-offset' else code + anchor_byte
     text = letters + b'|' + query + target_byte
-    return b' ' * (spec.length - len(text)) + text, spec.length - 1
+    return b' ' * (spec.length - len(text)) + text, spec.length - 1, offset
 
 
 class IndexTask(Dataset):
     """Indirect-indexing prompts of ``spec``; item ``i`` is a function of (seed, i). Items: ``tokens``
-    (spec.length,), ``answer_start`` (the target's position, the last one)."""
+    (spec.length,), ``answer_start`` (the target's position, the last one), ``offset`` (the signed offset asked)."""
 
     def __init__(self, size: int, seed: int, spec: IndexSpec = IndexSpec()) -> None:
         self.size, self.seed, self.spec = size, seed, spec
@@ -298,5 +299,5 @@ class IndexTask(Dataset):
         return self.size
 
     def __getitem__(self, index: int) -> dict:
-        text, target = index_sample(np.random.default_rng((self.seed, index)), self.spec)
-        return dict(tokens=torch.tensor(list(text), dtype=torch.long), answer_start=target)
+        text, target, offset = index_sample(np.random.default_rng((self.seed, index)), self.spec)
+        return dict(tokens=torch.tensor(list(text), dtype=torch.long), answer_start=target, offset=offset)
