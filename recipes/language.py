@@ -50,8 +50,8 @@ from timm.optim import create_optimizer_v2
 from vision_priors.models.language_model import ATTENTIONS, create_language_model, resolve_goat_kwargs
 
 from . import cli
-from .data.text import (INDEX_LAYOUTS, IndexSpec, IndexTask, PasskeyTask, TrainWindows, builtin_corpus, eval_windows,
-                        read_corpus, split_corpus)
+from .data.text import (INDEX_LAYOUTS, INDEX_MAX_OFFSET, IndexSpec, IndexTask, PasskeyTask, TrainWindows,
+                        builtin_corpus, eval_windows, read_corpus, split_corpus)
 from .engine import close_distributed, cosine_schedule, count_updates, fit, make_accelerator, train_loader
 from .logs import JsonlLogger
 from .plotting import figure, save_figure
@@ -565,7 +565,8 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
                                   device, group='offset')
         rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match'],
                          accuracy_by_offset={o: c['exact_match'] for o, c in metrics['by_offset'].items()},
-                         items_by_offset={o: c['items'] for o, c in metrics['by_offset'].items()}))
+                         items_by_offset={o: c['items'] for o, c in metrics['by_offset'].items()},
+                         offsets=2 * spec.max_offset))
         by_offset = ', '.join(f'{int(o):+d}: {c["exact_match"]:.2f}' for o, c in metrics['by_offset'].items())
         print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f} (per offset {by_offset})')
     return rows
@@ -664,12 +665,13 @@ def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
 
 
 def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """method -> {'seeds', 'accuracy': mean/std, 'by_offset': signed offset -> mean/std over the seeds whose
-    held-out items asked for it}."""
+    """method -> {'seeds', 'accuracy': mean/std, 'offsets': how many the task has, 'by_offset': signed offset ->
+    mean/std over the seeds whose held-out items asked for it}."""
     table = {}
     for attn, mine in group_rows(rows, 'attn').items():
         offsets = sorted({int(o) for r in mine for o in r.get('accuracy_by_offset', {})})
         table[attn] = dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine),
+                           offsets=mine[0].get('offsets', 2 * INDEX_MAX_OFFSET),
                            by_offset={str(o): mean_std(r['accuracy_by_offset'][str(o)] for r in mine
                                                        if str(o) in r.get('accuracy_by_offset', {}))
                                       for o in offsets})
@@ -696,7 +698,8 @@ def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
     names = list(table)
     ax.bar(names, [100 * t['accuracy']['mean'] for t in table.values()],
            yerr=[100 * t['accuracy']['std'] for t in table.values()], capsize=3)
-    ax.axhline(100 / 30, color='grey', ls=':', lw=1, label='chance (1 / offsets)')
+    offsets = next(iter(table.values()))['offsets']
+    ax.axhline(100 / offsets, color='grey', ls=':', lw=1, label=f'the anchor found, the offset guessed (1 / {offsets})')
     ax.set_ylabel('accuracy (%)')
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)

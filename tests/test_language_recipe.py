@@ -351,6 +351,7 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
                                                 row['items_by_offset'].items()) / 6)
     by_offset = result['summary']['index']['rope']['by_offset']
     assert {o: c['mean'] for o, c in by_offset.items()} == row['accuracy_by_offset']
+    assert row['offsets'] == result['summary']['index']['rope']['offsets'] == 4  # -2..+2 without 0
     assert 'method (accuracy % per offset)' in result['table_markdown']
     tested = []
     original = recipe.IndexTask
