@@ -335,13 +335,13 @@ def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int, device)
 
 
 @torch.no_grad()
-def answer_accuracy(model: nn.Module, data, batch_size: int, device, group: Optional[str] = None) -> Dict[str, Any]:
+def answer_accuracy(model: nn.Module, data, batch_size: int, device, groups: Sequence[str] = ()) -> Dict[str, Any]:
     """Argmax accuracy of the answer bytes (teacher forced; exact match = every answer byte right, which is
-    exactly when greedy generation reproduces the answer). With ``group`` (an item key, e.g. ``'offset'``) also
-    ``by_<group>``: value -> {'exact_match', 'items'}, in increasing order of the value."""
+    exactly when greedy generation reproduces the answer). For each item key in ``groups`` (e.g. ``'offset'``)
+    also ``by_<key>``: value -> {'exact_match', 'items'}, in increasing order of the value."""
     model.eval()
     right = total = exact = items = 0
-    per_value: Dict[Any, List[int]] = {}  # value -> [exact, items]
+    per_value: Dict[str, Dict[Any, List[int]]] = {key: {} for key in groups}  # key -> value -> [exact, items]
     for start in range(0, len(data), batch_size):
         chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
         batch = {'tokens': torch.stack([it['tokens'] for it in chunk]).to(device),
@@ -352,15 +352,15 @@ def answer_accuracy(model: nn.Module, data, batch_size: int, device, group: Opti
         total += int(mask.sum())
         exact += int(hit.all(-1).sum())
         items += len(chunk)
-        if group is not None:
-            for item, solved in zip(chunk, hit.all(-1).tolist()):
-                counts = per_value.setdefault(item[group], [0, 0])
+        for item, solved in zip(chunk, hit.all(-1).tolist()):
+            for key in groups:
+                counts = per_value[key].setdefault(item[key], [0, 0])
                 counts[0] += int(solved)
                 counts[1] += 1
     metrics: Dict[str, Any] = dict(digit_accuracy=right / total, exact_match=exact / items)
-    if group is not None:
-        metrics[f'by_{group}'] = {str(value): dict(exact_match=per_value[value][0] / per_value[value][1],
-                                                   items=per_value[value][1]) for value in sorted(per_value)}
+    for key, values in per_value.items():
+        metrics[f'by_{key}'] = {str(v): dict(exact_match=values[v][0] / values[v][1], items=values[v][1])
+                                for v in sorted(values)}
     return metrics
 
 
@@ -552,6 +552,12 @@ def passkey_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**dict(defaults, **vars(args)))
 
 
+# the held-out accuracy is also reported per value of each: the signed offset asked, the string's length, and
+# the letters after the anchor in the string (how far the anchor sits from the query)
+INDEX_BREAKDOWNS = {'offset': 'signed offset (target - anchor)', 'letters': 'letters in the string',
+                    'anchor_back': 'letters after the anchor'}
+
+
 def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
     """Train a fresh model per method and seed on indirect indexing and test it on held-out items."""
     device, rows = eval_device(args), []
@@ -562,11 +568,12 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
         model.to(device)
         spec = IndexSpec(**config['data'].get('index', {}))  # the task this run trained on (older runs: the default)
         metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed, spec), args.eval_batch_size,
-                                  device, group='offset')
+                                  device, groups=list(INDEX_BREAKDOWNS))
         rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match'],
-                         accuracy_by_offset={o: c['exact_match'] for o, c in metrics['by_offset'].items()},
-                         items_by_offset={o: c['items'] for o, c in metrics['by_offset'].items()},
-                         offsets=2 * spec.max_offset))
+                         offsets=2 * spec.max_offset,
+                         **{f'{kind}_by_{key}': {v: c[metric] for v, c in metrics[f'by_{key}'].items()}
+                            for key in INDEX_BREAKDOWNS for kind, metric in (('accuracy', 'exact_match'),
+                                                                             ('items', 'items'))}))
         by_offset = ', '.join(f'{int(o):+d}: {c["exact_match"]:.2f}' for o, c in metrics['by_offset'].items())
         print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f} (per offset {by_offset})')
     return rows
@@ -665,35 +672,36 @@ def plot_passkey(table: Dict[str, Any], path: Path, title: str) -> Path:
 
 
 def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """method -> {'seeds', 'accuracy': mean/std, 'offsets': how many the task has, 'by_offset': signed offset ->
-    mean/std over the seeds whose held-out items asked for it}."""
+    """method -> {'seeds', 'accuracy': mean/std, 'offsets': how many the task has, and for each breakdown key
+    'by_<key>': value -> mean/std over the seeds whose held-out items had that value}."""
     table = {}
     for attn, mine in group_rows(rows, 'attn').items():
-        offsets = sorted({int(o) for r in mine for o in r.get('accuracy_by_offset', {})})
         table[attn] = dict(seeds=[r['seed'] for r in mine], accuracy=mean_std(r['accuracy'] for r in mine),
-                           offsets=mine[0].get('offsets', 2 * INDEX_MAX_OFFSET),
-                           by_offset={str(o): mean_std(r['accuracy_by_offset'][str(o)] for r in mine
-                                                       if str(o) in r.get('accuracy_by_offset', {}))
-                                      for o in offsets})
+                           offsets=mine[0].get('offsets', 2 * INDEX_MAX_OFFSET))
+        for key in INDEX_BREAKDOWNS:
+            measured = [r[f'accuracy_by_{key}'] for r in mine if f'accuracy_by_{key}' in r]
+            values = sorted({int(v) for m in measured for v in m})
+            table[attn][f'by_{key}'] = {str(v): mean_std(m[str(v)] for m in measured if str(v) in m) for v in values}
     return table
 
 
 def index_table(table: Dict[str, Any]) -> str:
-    """The accuracy per method and, where measured, per signed offset."""
-    text = markdown_table(['method', 'indirect-indexing accuracy (%)'],
-                          [[a, format_cell(t['accuracy'], scale=100, digits=1)] for a, t in table.items()])
-    offsets = sorted({int(o) for t in table.values() for o in t.get('by_offset', {})})
-    if offsets:
-        text += '\n\n' + markdown_table(
-            ['method (accuracy % per offset)'] + [f'{o:+d}' for o in offsets],
-            [[a] + [format_cell(t['by_offset'][str(o)], scale=100, digits=1) if str(o) in t['by_offset'] else ''
-                    for o in offsets] for a, t in table.items()])
-    return text
+    """The accuracy per method and, where measured, per value of each breakdown."""
+    texts = [markdown_table(['method', 'indirect-indexing accuracy (%)'],
+                            [[a, format_cell(t['accuracy'], scale=100, digits=1)] for a, t in table.items()])]
+    for key, label in INDEX_BREAKDOWNS.items():
+        values = sorted({int(v) for t in table.values() for v in t.get(f'by_{key}', {})})
+        if values:
+            texts.append(markdown_table(
+                [f'method (accuracy % per {label})'] + [f'{v:+d}' if key == 'offset' else str(v) for v in values],
+                [[a] + [format_cell(t[f'by_{key}'][str(v)], scale=100, digits=1) if str(v) in t[f'by_{key}'] else ''
+                        for v in values] for a, t in table.items()]))
+    return '\n\n'.join(texts)
 
 
 def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
-    """Accuracy per method (bars) and per signed offset (one line per method), mean and std over seeds."""
-    fig, axes = figure(1, 2, size=(11.0, 4.2))
+    """Accuracy per method (bars) and per value of each breakdown (one line per method), mean and std over seeds."""
+    fig, axes = figure(2, 2, size=(11.0, 8.0))
     ax = axes[0][0]
     names = list(table)
     ax.bar(names, [100 * t['accuracy']['mean'] for t in table.values()],
@@ -703,16 +711,16 @@ def plot_index(table: Dict[str, Any], path: Path, title: str) -> Path:
     ax.set_ylabel('accuracy (%)')
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
-    ax = axes[0][1]
-    for attn, t in table.items():
-        offsets = sorted(t.get('by_offset', {}), key=int)
-        ax.errorbar([int(o) for o in offsets], [100 * t['by_offset'][o]['mean'] for o in offsets],
-                    yerr=[100 * t['by_offset'][o]['std'] for o in offsets], marker='o', capsize=3, label=attn)
-    ax.set_xlabel('signed offset (target position - anchor position)')
-    ax.set_ylabel('accuracy (%)')
-    ax.set_ylim(-2, 102)
-    ax.set_title('per offset', fontsize=9)
-    ax.legend(fontsize=7)
+    for ax, (key, label) in zip((axes[0][1], axes[1][0], axes[1][1]), INDEX_BREAKDOWNS.items()):
+        for attn, t in table.items():
+            values = sorted(t.get(f'by_{key}', {}), key=int)
+            ax.errorbar([int(v) for v in values], [100 * t[f'by_{key}'][v]['mean'] for v in values],
+                        yerr=[100 * t[f'by_{key}'][v]['std'] for v in values], marker='o', capsize=3, label=attn)
+        ax.set_xlabel(label)
+        ax.set_ylabel('accuracy (%)')
+        ax.set_ylim(-2, 102)
+        ax.set_title(f'per {label}', fontsize=9)
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 

@@ -119,11 +119,12 @@ def test_index_sample_target_is_letter_at_anchor_plus_offset():
     rng = np.random.default_rng(0)
     offsets = set()
     for _ in range(300):
-        text, target, asked = index_sample(rng)
+        text, target, facts = index_sample(rng)
         assert len(text) == INDEX_LENGTH and target == INDEX_LENGTH - 1
         m = re.fullmatch(rb' *([a-zA-Z]{20,40})\|([a-zA-Z])([+-]\d\d)=([a-zA-Z])', text)
         letters, anchor, offset, answer = m.group(1), m.group(2), int(m.group(3)), m.group(4)
-        assert asked == offset  # the offset returned is the one written in the prompt
+        # the facts returned are the prompt's: the offset written, the string's length, letters after the anchor
+        assert facts == dict(offset=offset, letters=len(letters), anchor_back=len(letters) - 1 - letters.index(anchor))
         assert len(set(letters)) == len(letters) and 0 < abs(offset) <= INDEX_MAX_OFFSET
         assert letters[letters.index(anchor) + offset:][:1] == answer == text[target:target + 1]
         offsets.add(offset)
@@ -139,12 +140,12 @@ def test_index_spec_letters_offsets_and_layouts(layout):
                else rb' *([a-zA-Z]{5,7})\|([+-]\d\d)([a-zA-Z])([a-zA-Z])')
     rng, counts, offsets = np.random.default_rng(1), set(), set()
     for _ in range(300):
-        text, target, asked = index_sample(rng, spec)
+        text, target, facts = index_sample(rng, spec)
         assert len(text) == spec.length and target == spec.length - 1
         m = re.fullmatch(pattern, text)
         letters, answer = m.group(1), m.group(4)
         anchor, offset = (m.group(2), int(m.group(3))) if layout == 'anchor-offset' else (m.group(3), int(m.group(2)))
-        assert asked == offset
+        assert facts == dict(offset=offset, letters=len(letters), anchor_back=len(letters) - 1 - letters.index(anchor))
         assert len(set(letters)) == len(letters) and 0 < abs(offset) <= 3
         assert letters[letters.index(anchor) + offset:][:1] == answer == text[target:target + 1]
         counts.add(len(letters))
@@ -152,10 +153,12 @@ def test_index_spec_letters_offsets_and_layouts(layout):
     assert counts == {5, 6, 7} and offsets == {-3, -2, -1, 1, 2, 3}
     item = IndexTask(4, 2, spec)[3]
     assert item['tokens'].shape == (spec.length,) and item['answer_start'] == spec.length - 1
-    code = bytes(item['tokens'].tolist())[-5:-2]  # sign and two digits sit here in both layouts
-    assert item['offset'] == int(code) and 0 < abs(item['offset']) <= 3
+    text = bytes(item['tokens'].tolist())
+    assert item['offset'] == int(text[-5:-2]) and 0 < abs(item['offset']) <= 3  # sign and digits, both layouts
+    assert item['letters'] == len(text.split()[0].split(b'|')[0]) and 0 <= item['anchor_back'] < item['letters']
     # the default spec is the paper's task, byte for byte what the generator wrote before IndexSpec existed
-    assert index_sample(np.random.default_rng(3)) == (b'   LwcJERzSxMPeldGrFTsYCmZbnNvuypaOVkQWU|Z+04=v', 46, 4)
+    assert index_sample(np.random.default_rng(3)) == (b'   LwcJERzSxMPeldGrFTsYCmZbnNvuypaOVkQWU|Z+04=v', 46,
+                                                      dict(offset=4, letters=37, anchor_back=14))
 
 
 @pytest.mark.parametrize('kwargs, message', [

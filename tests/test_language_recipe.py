@@ -76,10 +76,12 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
     metrics = recipe.answer_accuracy(KnownNextByte(1.0), counting, 1, 'cpu')  # one length per batch
     assert metrics == dict(digit_accuracy=4 / 5, exact_match=0.5)  # the second item's last byte (9) is missed
     # grouped by an item key: exact match per value, values in increasing order
-    grouped = [dict(item, offset=o) for item, o in zip(counting + counting[:1] + counting[1:], (3, -2, -2, 3))]
-    metrics = recipe.answer_accuracy(KnownNextByte(1.0), grouped, 1, 'cpu', group='offset')
+    grouped = [dict(item, offset=o, letters=n) for item, o, n in zip(counting + counting[:1] + counting[1:],
+                                                                      (3, -2, -2, 3), (9, 9, 10, 10))]
+    metrics = recipe.answer_accuracy(KnownNextByte(1.0), grouped, 1, 'cpu', groups=['offset', 'letters'])
     assert metrics['exact_match'] == 0.5 and list(metrics['by_offset']) == ['-2', '3']
     assert metrics['by_offset'] == {'-2': dict(exact_match=0.5, items=2), '3': dict(exact_match=0.5, items=2)}
+    assert metrics['by_letters'] == {'9': dict(exact_match=0.5, items=2), '10': dict(exact_match=0.5, items=2)}
 
 
 def test_compare_two_methods_writes_every_section(tmp_path):
@@ -349,10 +351,14 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     assert set(row['items_by_offset']) <= {'-2', '-1', '1', '2'} and sum(row['items_by_offset'].values()) == 6
     assert row['accuracy'] == pytest.approx(sum(row['accuracy_by_offset'][o] * n for o, n in
                                                 row['items_by_offset'].items()) / 6)
-    by_offset = result['summary']['index']['rope']['by_offset']
-    assert {o: c['mean'] for o, c in by_offset.items()} == row['accuracy_by_offset']
+    for key, values in (('offset', {'-2', '-1', '1', '2'}), ('letters', {'5', '6', '7'}),
+                        ('anchor_back', {str(v) for v in range(7)})):
+        assert set(row[f'items_by_{key}']) <= values and sum(row[f'items_by_{key}'].values()) == 6
+        by_value = result['summary']['index']['rope'][f'by_{key}']
+        assert {v: c['mean'] for v, c in by_value.items()} == row[f'accuracy_by_{key}']
     assert row['offsets'] == result['summary']['index']['rope']['offsets'] == 4  # -2..+2 without 0
-    assert 'method (accuracy % per offset)' in result['table_markdown']
+    for label in recipe.INDEX_BREAKDOWNS.values():
+        assert f'method (accuracy % per {label})' in result['table_markdown']
     tested = []
     original = recipe.IndexTask
 

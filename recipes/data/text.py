@@ -29,7 +29,7 @@ import sysconfig
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -270,11 +270,12 @@ class IndexSpec:
 INDEX_LENGTH = IndexSpec().length
 
 
-def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tuple[bytes, int, int]:
+def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tuple[bytes, int, Dict[str, int]]:
     """One indirect-indexing prompt, left-padded with spaces to ``spec.length`` bytes, ending with its target.
 
-    Returns (text, target_position, offset); ``text[target_position]`` is the target letter, ``offset`` the
-    signed offset the prompt asks for.
+    Returns (text, target_position, facts); ``text[target_position]`` is the target letter and ``facts`` holds
+    ``offset`` (the signed offset asked), ``letters`` (the string's length) and ``anchor_back`` (letters after the
+    anchor in the string: 0 = the anchor is the last letter, nearest the query).
     """
     count = int(rng.integers(spec.min_letters, spec.max_letters + 1))
     letters = bytes(rng.permutation(list(LETTERS))[:count].tolist())
@@ -285,12 +286,14 @@ def index_sample(rng: np.random.Generator, spec: IndexSpec = IndexSpec()) -> Tup
     code = (b'+' if offset > 0 else b'-') + f'{abs(offset):02d}'.encode()
     query = anchor_byte + code + b'=' if spec.layout == 'anchor-offset' else code + anchor_byte
     text = letters + b'|' + query + target_byte
-    return b' ' * (spec.length - len(text)) + text, spec.length - 1, offset
+    facts = dict(offset=offset, letters=count, anchor_back=count - 1 - anchor)
+    return b' ' * (spec.length - len(text)) + text, spec.length - 1, facts
 
 
 class IndexTask(Dataset):
     """Indirect-indexing prompts of ``spec``; item ``i`` is a function of (seed, i). Items: ``tokens``
-    (spec.length,), ``answer_start`` (the target's position, the last one), ``offset`` (the signed offset asked)."""
+    (spec.length,), ``answer_start`` (the target's position, the last one) and the facts of ``index_sample``
+    (``offset``, ``letters``, ``anchor_back``)."""
 
     def __init__(self, size: int, seed: int, spec: IndexSpec = IndexSpec()) -> None:
         self.size, self.seed, self.spec = size, seed, spec
@@ -299,5 +302,5 @@ class IndexTask(Dataset):
         return self.size
 
     def __getitem__(self, index: int) -> dict:
-        text, target, offset = index_sample(np.random.default_rng((self.seed, index)), self.spec)
-        return dict(tokens=torch.tensor(list(text), dtype=torch.long), answer_start=target, offset=offset)
+        text, target, facts = index_sample(np.random.default_rng((self.seed, index)), self.spec)
+        return dict(tokens=torch.tensor(list(text), dtype=torch.long), answer_start=target, **facts)
