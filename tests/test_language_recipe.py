@@ -75,13 +75,14 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
                 dict(tokens=torch.tensor([1, 2, 3, 9]), answer_start=2)]
     metrics = recipe.answer_accuracy(KnownNextByte(1.0), counting, 1, 'cpu')  # one length per batch
     assert metrics == dict(digit_accuracy=4 / 5, exact_match=0.5)  # the second item's last byte (9) is missed
-    # grouped by an item key: exact match per value, values in increasing order
-    grouped = [dict(item, offset=o, letters=n) for item, o, n in zip(counting + counting[:1] + counting[1:],
-                                                                      (3, -2, -2, 3), (9, 9, 10, 10))]
+    # grouped by an item key: exact match per value, values in increasing order; the first item is solved, the
+    # second is not, so each value's figure says which items it counted
+    grouped = [dict(counting[i], offset=o, letters=n) for i, o, n in zip((0, 1, 0, 1, 0), (3, -2, 3, -2, -2),
+                                                                          (9, 9, 10, 10, 10))]
     metrics = recipe.answer_accuracy(KnownNextByte(1.0), grouped, 1, 'cpu', groups=['offset', 'letters'])
-    assert metrics['exact_match'] == 0.5 and list(metrics['by_offset']) == ['-2', '3']
-    assert metrics['by_offset'] == {'-2': dict(exact_match=0.5, items=2), '3': dict(exact_match=0.5, items=2)}
-    assert metrics['by_letters'] == {'9': dict(exact_match=0.5, items=2), '10': dict(exact_match=0.5, items=2)}
+    assert metrics['exact_match'] == 3 / 5 and list(metrics['by_offset']) == ['-2', '3']
+    assert metrics['by_offset'] == {'-2': dict(exact_match=1 / 3, items=3), '3': dict(exact_match=1.0, items=2)}
+    assert metrics['by_letters'] == {'9': dict(exact_match=0.5, items=2), '10': dict(exact_match=2 / 3, items=3)}
 
 
 def test_compare_two_methods_writes_every_section(tmp_path):
