@@ -364,6 +364,46 @@ def answer_accuracy(model: nn.Module, data, batch_size: int, device, groups: Seq
     return metrics
 
 
+@torch.no_grad()
+def index_attention(model: nn.Module, data: IndexTask, batch_size: int, device) -> Optional[Dict[str, Any]]:
+    """Where each head looks on indirect-indexing items, per block and head (None where no block has a softmax
+    matrix, LAVO): ``back[b][h][d]``, the mean attention from a letter of the string to the letter ``d`` places
+    before it (d = 0..max_offset; per item over its letters that have one d places back, then over the items
+    that have any); ``anchor[b][h]`` / ``target[b][h]``, the answer query's (the last input byte's) mean
+    attention on the anchor letter and on the target letter."""
+    model.eval()
+    reach = data.spec.max_offset
+    # sums over the items: back, items with a letter d places back, anchor, target
+    totals: Optional[Tuple[torch.Tensor, ...]] = None
+    for start in range(0, len(data), batch_size):
+        chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
+        tokens = torch.stack([it['tokens'] for it in chunk]).to(device)[:, :-1]
+        maps = model.attention_maps(tokens)
+        if all(m is None for m in maps):
+            return None
+        bar = (tokens == ord('|')).int().argmax(-1)  # the letters are the bytes right before the first '|'
+        first = bar - torch.tensor([it['letters'] for it in chunk], device=device)
+        anchor = bar - 1 - torch.tensor([it['anchor_back'] for it in chunk], device=device)
+        target = anchor + torch.tensor([it['offset'] for it in chunk], device=device)
+        rows = torch.arange(len(chunk), device=device)
+        weights = torch.stack([m for m in maps if m is not None]).transpose(0, 1)  # (B, blocks, H, N, N)
+        back, has = [], []
+        for d in range(reach + 1):
+            diagonal = torch.diagonal(weights, offset=-d, dim1=-2, dim2=-1)  # [..., i]: query i + d, key i
+            keys = torch.arange(diagonal.shape[-1], device=device)
+            mask = ((keys >= first[:, None]) & (keys + d < bar[:, None])).to(diagonal.dtype)  # both are letters
+            count = mask.sum(-1)
+            back.append((diagonal * mask[:, None, None]).sum(-1) / count.clamp(min=1)[:, None, None])
+            has.append((count > 0).to(diagonal.dtype))
+        last = weights[:, :, :, -1]  # (B, blocks, H, N): the answer query's row
+        sums = (torch.stack(back, -1).sum(0), torch.stack(has, -1).sum(0), last[rows, ..., anchor].sum(0),
+                last[rows, ..., target].sum(0))
+        totals = sums if totals is None else tuple(a + b for a, b in zip(totals, sums))
+    back_sum, back_items, anchor_sum, target_sum = totals
+    return dict(back=(back_sum / back_items.clamp(min=1)).tolist(), anchor=(anchor_sum / len(data)).tolist(),
+                target=(target_sum / len(data)).tolist())
+
+
 def passkey_grid(model: nn.Module, train_length: int, args: argparse.Namespace, device) -> Dict[str, Any]:
     """Digit accuracy and exact match per (length multiple, depth) on held-out prompts."""
     cells = {}
@@ -567,14 +607,16 @@ def run_index(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
         config, model = load_model(run_dir)
         model.to(device)
         spec = IndexSpec(**config['data'].get('index', {}))  # the task this run trained on (older runs: the default)
-        metrics = answer_accuracy(model, IndexTask(args.index_test, INDEX_TEST_SEED + seed, spec), args.eval_batch_size,
-                                  device, groups=list(INDEX_BREAKDOWNS))
+        test = IndexTask(args.index_test, INDEX_TEST_SEED + seed, spec)
+        metrics = answer_accuracy(model, test, args.eval_batch_size, device, groups=list(INDEX_BREAKDOWNS))
         rows.append(dict(run=str(run_dir), attn=attn, seed=seed, accuracy=metrics['exact_match'],
                          offsets=2 * spec.max_offset,
+                         attention=index_attention(model, test, args.eval_batch_size, device),
                          **{f'{kind}_by_{key}': {v: c[metric] for v, c in metrics[f'by_{key}'].items()}
                             for key in INDEX_BREAKDOWNS for kind, metric in (('accuracy', 'exact_match'),
                                                                              ('items', 'items'))}))
-        print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f}')  # breakdowns: report
+        # the breakdowns and where the heads look are in the report's tables
+        print(f'{attn} seed={seed}: indirect-indexing accuracy {metrics["exact_match"]:.3f}')
     return rows
 
 
@@ -681,6 +723,8 @@ def index_summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
             measured = [r[f'accuracy_by_{key}'] for r in mine if f'accuracy_by_{key}' in r]
             values = sorted({int(v) for m in measured for v in m})
             table[attn][f'by_{key}'] = {str(v): mean_std(m[str(v)] for m in measured if str(v) in m) for v in values}
+        # per seed, not averaged: head h of one run has nothing to do with head h of another
+        table[attn]['attention'] = {str(r['seed']): r['attention'] for r in mine if r.get('attention')}
     return table
 
 
@@ -695,6 +739,15 @@ def index_table(table: Dict[str, Any]) -> str:
                 [f'method (accuracy % per {label})'] + [f'{v:+d}' if key == 'offset' else str(v) for v in values],
                 [[a] + [format_cell(t[f'by_{key}'][str(v)], scale=100, digits=1) if str(v) in t[f'by_{key}'] else ''
                         for v in values] for a, t in table.items()]))
+    runs = [(a, seed, profile) for a, t in table.items() for seed, profile in t.get('attention', {}).items()]
+    if runs:
+        reach = len(runs[0][2]['back'][0][0])
+        texts.append(markdown_table(
+            ['method', 'seed', 'block', 'head'] + [f'letter -> {d} back (%)' for d in range(reach)]
+            + ['answer -> anchor (%)', 'answer -> target (%)'],
+            [[a, seed, b + 1, h + 1] + [f'{100 * w:.0f}' for w in profile['back'][b][h]]
+             + [f"{100 * profile['anchor'][b][h]:.0f}", f"{100 * profile['target'][b][h]:.0f}"]
+             for a, seed, profile in runs for b, heads in enumerate(profile['back']) for h in range(len(heads))]))
     return '\n\n'.join(texts)
 
 

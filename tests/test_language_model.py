@@ -106,6 +106,22 @@ def test_softmax_attention_matches_paper_equations_forward_and_backward(attn, op
         torch.testing.assert_close(torch.cat([head, one, rest], 1), ref_out, **TOL)
 
 
+@pytest.mark.parametrize('attn,options', CASES)
+def test_attention_weights_are_the_ones_the_forward_applies(attn, options, one_thread):
+    """The analysis weights equal the causal softmax of the paper-equation logits, and applied to the values they
+    give the layer's forward output."""
+    torch.manual_seed(2)
+    layer = SoftmaxCausalAttention(attn, dim=30, num_heads=3, goat_modes=2, **options).double()
+    randomize_positional(layer)
+    x = torch.randn(2, 11, 30, dtype=torch.float64)
+    with torch.no_grad():
+        weights = layer.attention_weights(x)
+        logits, v = reference_logits(layer, x)
+        reference = logits.masked_fill(torch.ones(11, 11, dtype=torch.bool).triu(1), float('-inf')).softmax(-1)
+        torch.testing.assert_close(weights, reference, **TOL)
+        torch.testing.assert_close(layer.output(weights @ v), layer(x)[0], **TOL)
+
+
 def tiny_model(attn: str, **overrides) -> torch.nn.Module:
     torch.manual_seed(0)
     model = create_language_model(attn, dim=24, depth=2, num_heads=2, goat_modes=2, lavo_window=4, lavo_slots=6,
@@ -277,3 +293,22 @@ def test_small_model_learns_an_induction_lookup_only_with_fan_in_init(one_thread
     fan_in, gpt2 = induction_accuracy('fan_in'), induction_accuracy('gpt2')
     print(f'one-offset lookup, 1,200 updates of 64: fan_in {fan_in:.3f}, gpt2 {gpt2:.3f}')
     assert fan_in > 0.95 and gpt2 < 0.3
+
+
+@pytest.mark.parametrize('attn', ATTENTIONS)
+def test_attention_maps_per_block(attn, one_thread):
+    """One (B, H, N, N) map per block, each the block's own attention on its normed input; None for LAVO."""
+    model = tiny_model(attn)
+    tokens = torch.randint(0, 256, (2, 9))
+    maps = model.attention_maps(tokens)
+    assert len(maps) == len(model.blocks)
+    if attn == 'lavo':
+        assert maps == [None, None]
+        return
+    x = model.embed(tokens)
+    for block, weights in zip(model.blocks, maps):
+        with torch.no_grad():
+            torch.testing.assert_close(weights, block.attn.attention_weights(block.norm1(x)), **TOL)
+            x, _ = block(x)
+        assert weights.shape == (2, 2, 9, 9) and torch.allclose(weights.sum(-1), torch.ones_like(weights[..., 0]))
+        assert (weights.triu(1) == 0).all()

@@ -85,6 +85,41 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
     assert metrics['by_letters'] == {'9': dict(exact_match=0.5, items=2), '10': dict(exact_match=2 / 3, items=3)}
 
 
+class ScriptedAttention(torch.nn.Module):
+    """One block of two heads with known maps on offset-anchor prompts: head 1 looks 2 bytes back and its answer
+    query at the target; head 2 looks at itself and its answer query at the anchor."""
+
+    def attention_maps(self, tokens):
+        B, N = tokens.shape
+        maps = torch.zeros(B, 2, N, N, dtype=torch.float64)
+        positions = torch.arange(N)
+        maps[:, 0, positions, (positions - 2).clamp(min=0)] = 1.0
+        maps[:, 1, positions, positions] = 1.0
+        for b, row in enumerate(tokens.tolist()):
+            anchor = row.index(row[-1])  # the anchor byte ends the prompt; its first place is in the string
+            offset = int(bytes(row[-4:-1]).decode())  # sign and two digits before it
+            maps[b, :, -1] = 0.0
+            maps[b, 0, -1, anchor + offset] = maps[b, 1, -1, anchor] = 1.0
+        return [maps, None]
+
+
+class PaddedIndexTask(recipe.IndexTask):
+    """Prompts with two more spaces in front, so every letter has two bytes before it."""
+
+    def __getitem__(self, index: int) -> dict:
+        item = super().__getitem__(index)
+        return dict(item, tokens=torch.cat([torch.full((2,), ord(' ')), item['tokens']]),
+                    answer_start=item['answer_start'] + 2)
+
+
+def test_index_attention_of_hand_checkable_maps():
+    data = PaddedIndexTask(9, 3, recipe.IndexSpec(5, 7, 2, 'offset-anchor'))
+    attention = recipe.index_attention(ScriptedAttention(), data, 4, 'cpu')  # batches of 4, 4 and 1 items
+    assert attention == dict(back=[[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]], anchor=[[0.0, 1.0]], target=[[1.0, 0.0]])
+    lavo = type('Lavo', (), dict(attention_maps=lambda self, tokens: [None], eval=lambda self: None))()
+    assert recipe.index_attention(lavo, data, 4, 'cpu') is None
+
+
 def test_compare_two_methods_writes_every_section(tmp_path):
     out = tmp_path / 'cmp'
     result = recipe.main(['compare', '--methods', 'goat', 'lavo', '--seeds', '0', *tiny(), '--updates', '2',
@@ -360,6 +395,12 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     assert row['offsets'] == result['summary']['index']['rope']['offsets'] == 4  # -2..+2 without 0
     for label in recipe.INDEX_BREAKDOWNS.values():
         assert f'method (accuracy % per {label})' in result['table_markdown']
+    # where the heads look: 1 block x 2 heads, distances 0..max_offset, attention weights (shares of 1)
+    attention = row['attention']
+    assert [len(h) for b in attention['back'] for h in b] == [3, 3] and len(attention['anchor'][0]) == 2
+    assert all(0 <= w <= 1 for b in attention['back'] for h in b for w in h)
+    assert result['summary']['index']['rope']['attention'] == {'0': attention}
+    assert '| rope | 0 | 1 | 2 |' in result['table_markdown'] and 'answer -> target (%)' in result['table_markdown']
     tested = []
     original = recipe.IndexTask
 

@@ -168,6 +168,17 @@ class SoftmaxCausalAttention(nn.Module):
             q, k = apply_rot_embed_cat(q, table), apply_rot_embed_cat(k, table)
         return q * dh ** -0.5, k, v
 
+    def attention_weights(self, x: Tensor) -> Tensor:
+        """(B, H, N, N) causal softmax probabilities (float32 or wider) that a full-sequence forward of the
+        (B, N, C) tokens ``x`` applies to its values: the widened queries / keys of ``project`` (plus ALiBi's
+        bias), for analysis; ``output(weights @ v)`` is this layer's forward."""
+        q, k, _ = self.project(x, 0)
+        logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
+        positions = torch.arange(x.shape[1], device=x.device)
+        if self.attn == 'alibi':
+            logits = logits - self.slopes.to(logits.dtype)[:, None, None] * (positions[:, None] - positions[None])
+        return logits.masked_fill(positions[None] > positions[:, None], float('-inf')).softmax(-1)
+
     def forward(self, x: Tensor, past: Optional[KeyValues] = None, use_cache: bool = False
                 ) -> Tuple[Tensor, Optional[KeyValues]]:
         """Attend (B, N, C) tokens that follow the ``past`` tokens (keys / values of positions 0..T-1)."""
@@ -360,6 +371,17 @@ class LanguageModel(nn.Module):
         x = self.norm(x)
         logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
         return (logits, present) if use_cache else logits
+
+    @torch.no_grad()
+    def attention_maps(self, tokens: Tensor) -> List[Optional[Tensor]]:
+        """Per block, the (B, H, N, N) attention probabilities of a full forward of ``tokens`` (B, N)
+        (``SoftmaxCausalAttention.attention_weights``); None for LAVO, whose global branch has no such matrix."""
+        x, maps = self.embed(tokens), []
+        for block in self.blocks:
+            attn = block.attn
+            maps.append(attn.attention_weights(block.norm1(x)) if isinstance(attn, SoftmaxCausalAttention) else None)
+            x, _ = block(x)
+        return maps
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: Optional[int] = None,
