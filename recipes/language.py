@@ -370,11 +370,13 @@ def index_attention(model: nn.Module, data: IndexTask, batch_size: int, device) 
     matrix, LAVO): ``back[b][h][d]``, the mean attention from a letter of the string to the letter ``d`` places
     before it (d = 0..max_offset; per item over its letters that have one d places back, then over the items
     that have any); ``anchor[b][h]`` / ``target[b][h]``, the answer query's (the last input byte's) mean
-    attention on the anchor letter and on the target letter."""
+    attention on the anchor letter and on the target letter, and the same per signed offset asked in
+    ``anchor_by_offset[o][b][h]`` / ``target_by_offset[o][b][h]`` (offsets in increasing order)."""
     model.eval()
     reach = data.spec.max_offset
     # sums over the items: back, items with a letter d places back, anchor, target
     totals: Optional[Tuple[torch.Tensor, ...]] = None
+    per_offset: Dict[int, Tuple[Any, Any, int]] = {}  # offset -> sums on the anchor and on the target, items
     for start in range(0, len(data), batch_size):
         chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
         tokens = torch.stack([it['tokens'] for it in chunk]).to(device)[:, :-1]
@@ -384,7 +386,8 @@ def index_attention(model: nn.Module, data: IndexTask, batch_size: int, device) 
         bar = (tokens == ord('|')).int().argmax(-1)  # the letters are the bytes right before the first '|'
         first = bar - torch.tensor([it['letters'] for it in chunk], device=device)
         anchor = bar - 1 - torch.tensor([it['anchor_back'] for it in chunk], device=device)
-        target = anchor + torch.tensor([it['offset'] for it in chunk], device=device)
+        offsets = torch.tensor([it['offset'] for it in chunk], device=device)
+        target = anchor + offsets
         rows = torch.arange(len(chunk), device=device)
         weights = torch.stack([m for m in maps if m is not None]).transpose(0, 1)  # (B, blocks, H, N, N)
         back, has = [], []
@@ -396,12 +399,19 @@ def index_attention(model: nn.Module, data: IndexTask, batch_size: int, device) 
             back.append((diagonal * mask[:, None, None]).sum(-1) / count.clamp(min=1)[:, None, None])
             has.append((count > 0).to(diagonal.dtype))
         last = weights[:, :, :, -1]  # (B, blocks, H, N): the answer query's row
-        sums = (torch.stack(back, -1).sum(0), torch.stack(has, -1).sum(0), last[rows, ..., anchor].sum(0),
-                last[rows, ..., target].sum(0))
+        on_anchor, on_target = last[rows, ..., anchor], last[rows, ..., target]  # (B, blocks, H)
+        sums = (torch.stack(back, -1).sum(0), torch.stack(has, -1).sum(0), on_anchor.sum(0), on_target.sum(0))
         totals = sums if totals is None else tuple(a + b for a, b in zip(totals, sums))
+        for o in offsets.unique().tolist():
+            chosen = offsets == o
+            previous = per_offset.get(o, (0.0, 0.0, 0))
+            per_offset[o] = (previous[0] + on_anchor[chosen].sum(0), previous[1] + on_target[chosen].sum(0),
+                             previous[2] + int(chosen.sum()))
     back_sum, back_items, anchor_sum, target_sum = totals
     return dict(back=(back_sum / back_items.clamp(min=1)).tolist(), anchor=(anchor_sum / len(data)).tolist(),
-                target=(target_sum / len(data)).tolist())
+                target=(target_sum / len(data)).tolist(),
+                anchor_by_offset={str(o): (per_offset[o][0] / per_offset[o][2]).tolist() for o in sorted(per_offset)},
+                target_by_offset={str(o): (per_offset[o][1] / per_offset[o][2]).tolist() for o in sorted(per_offset)})
 
 
 def passkey_grid(model: nn.Module, train_length: int, args: argparse.Namespace, device) -> Dict[str, Any]:
@@ -739,15 +749,27 @@ def index_table(table: Dict[str, Any]) -> str:
                 [f'method (accuracy % per {label})'] + [f'{v:+d}' if key == 'offset' else str(v) for v in values],
                 [[a] + [format_cell(t[f'by_{key}'][str(v)], scale=100, digits=1) if str(v) in t[f'by_{key}'] else ''
                         for v in values] for a, t in table.items()]))
-    runs = [(a, seed, profile) for a, t in table.items() for seed, profile in t.get('attention', {}).items()]
-    if runs:
-        reach = len(runs[0][2]['back'][0][0])
+    # where the heads look, one row per run, block and head
+    heads = [(a, seed, profile, b, h) for a, t in table.items() for seed, profile in t.get('attention', {}).items()
+             for b, block in enumerate(profile['back']) for h in range(len(block))]
+    if heads:
+        def percent(share: float) -> str:
+            return f'{100 * share:.0f}'
+        reach = len(heads[0][2]['back'][0][0])
         texts.append(markdown_table(
             ['method', 'seed', 'block', 'head'] + [f'letter -> {d} back (%)' for d in range(reach)]
             + ['answer -> anchor (%)', 'answer -> target (%)'],
-            [[a, seed, b + 1, h + 1] + [f'{100 * w:.0f}' for w in profile['back'][b][h]]
-             + [f"{100 * profile['anchor'][b][h]:.0f}", f"{100 * profile['target'][b][h]:.0f}"]
-             for a, seed, profile in runs for b, heads in enumerate(profile['back']) for h in range(len(heads))]))
+            [[a, seed, b + 1, h + 1] + [percent(w) for w in profile['back'][b][h]]
+             + [percent(profile['anchor'][b][h]), percent(profile['target'][b][h])]
+             for a, seed, profile, b, h in heads]))
+        offsets = sorted({int(o) for _, _, profile, _, _ in heads for o in profile['anchor_by_offset']})
+        texts.append(markdown_table(
+            ['method (answer -> anchor / target, % per signed offset)', 'seed', 'block', 'head']
+            + [f'{o:+d}' for o in offsets],
+            [[a, seed, b + 1, h + 1] + [
+                f"{percent(profile['anchor_by_offset'][str(o)][b][h])} / "
+                f"{percent(profile['target_by_offset'][str(o)][b][h])}" if str(o) in profile['anchor_by_offset'] else ''
+                for o in offsets] for a, seed, profile, b, h in heads]))
     return '\n\n'.join(texts)
 
 

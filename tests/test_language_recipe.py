@@ -87,7 +87,8 @@ def test_perplexity_and_answer_accuracy_of_hand_checkable_models():
 
 class ScriptedAttention(torch.nn.Module):
     """One block of two heads with known maps on offset-anchor prompts: head 1 looks 2 bytes back and its answer
-    query at the target; head 2 looks at itself and its answer query at the anchor."""
+    query at the target (half of it, the other half on byte 0, when the offset is negative); head 2 looks at
+    itself and its answer query at the anchor."""
 
     def attention_maps(self, tokens):
         B, N = tokens.shape
@@ -100,6 +101,8 @@ class ScriptedAttention(torch.nn.Module):
             offset = int(bytes(row[-4:-1]).decode())  # sign and two digits before it
             maps[b, :, -1] = 0.0
             maps[b, 0, -1, anchor + offset] = maps[b, 1, -1, anchor] = 1.0
+            if offset < 0:
+                maps[b, 0, -1, anchor + offset] = maps[b, 0, -1, 0] = 0.5
         return [maps, None]
 
 
@@ -115,7 +118,15 @@ class PaddedIndexTask(recipe.IndexTask):
 def test_index_attention_of_hand_checkable_maps():
     data = PaddedIndexTask(9, 3, recipe.IndexSpec(5, 7, 2, 'offset-anchor'))
     attention = recipe.index_attention(ScriptedAttention(), data, 4, 'cpu')  # batches of 4, 4 and 1 items
-    assert attention == dict(back=[[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]], anchor=[[0.0, 1.0]], target=[[1.0, 0.0]])
+    offsets = [data[i]['offset'] for i in range(9)]
+    assert set(offsets) == {-2, -1, 1, 2}
+    negative = sum(o < 0 for o in offsets)
+    assert attention == dict(back=[[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]], anchor=[[0.0, 1.0]],
+                             target=[[pytest.approx(1 - 0.5 * negative / 9), 0.0]],
+                             anchor_by_offset={o: [[0.0, 1.0]] for o in ('-2', '-1', '1', '2')},
+                             target_by_offset={'-2': [[0.5, 0.0]], '-1': [[0.5, 0.0]], '1': [[1.0, 0.0]],
+                                               '2': [[1.0, 0.0]]})
+    assert list(attention['target_by_offset']) == ['-2', '-1', '1', '2']
     lavo = type('Lavo', (), dict(attention_maps=lambda self, tokens: [None], eval=lambda self: None))()
     assert recipe.index_attention(lavo, data, 4, 'cpu') is None
 
@@ -401,6 +412,10 @@ def test_index_runs_keep_their_task_and_are_tested_on_it(tmp_path, monkeypatch):
     assert all(0 <= w <= 1 for b in attention['back'] for h in b for w in h)
     assert result['summary']['index']['rope']['attention'] == {'0': attention}
     assert '| rope | 0 | 1 | 2 |' in result['table_markdown'] and 'answer -> target (%)' in result['table_markdown']
+    assert set(attention['anchor_by_offset']) == set(row['items_by_offset'])
+    lines = result['table_markdown'].split('\n')
+    header = next(line for line in lines if line.startswith('| method (answer -> anchor / target, % per signed'))
+    assert header.rstrip(' |').split(' | ')[4:] == [f'{int(o):+d}' for o in sorted(row['items_by_offset'], key=int)]
     tested = []
     original = recipe.IndexTask
 
