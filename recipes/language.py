@@ -39,7 +39,7 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -320,6 +320,14 @@ def answer_step(model: nn.Module, batch: Dict[str, torch.Tensor]) -> torch.Tenso
 
 # ------------------------------------------------------------------------------------ evaluation
 
+def item_batches(data, batch_size: int, device) -> Iterator[Tuple[List[Dict[str, Any]], torch.Tensor]]:
+    """The items of ``data`` in order, ``batch_size`` at a time (the last batch may be shorter), each batch as
+    (its items, their stacked ``tokens`` on ``device``)."""
+    for start in range(0, len(data), batch_size):
+        chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
+        yield chunk, torch.stack([item['tokens'] for item in chunk]).to(device)
+
+
 @torch.no_grad()
 def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int, device) -> Dict[str, float]:
     """exp(mean next-byte NLL) over every predicted byte of the (W, n + 1) windows, each one full forward."""
@@ -342,10 +350,8 @@ def answer_accuracy(model: nn.Module, data, batch_size: int, device, groups: Seq
     model.eval()
     right = total = exact = items = 0
     per_value: Dict[str, Dict[Any, List[int]]] = {key: {} for key in groups}  # key -> value -> [exact, items]
-    for start in range(0, len(data), batch_size):
-        chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
-        batch = {'tokens': torch.stack([it['tokens'] for it in chunk]).to(device),
-                 'answer_start': torch.tensor([it['answer_start'] for it in chunk], device=device)}
+    for chunk, tokens in item_batches(data, batch_size, device):
+        batch = {'tokens': tokens, 'answer_start': torch.tensor([it['answer_start'] for it in chunk], device=device)}
         logits, targets, mask = answer_logits(model, batch)
         hit = (logits.argmax(-1) == targets) | ~mask
         right += int(((logits.argmax(-1) == targets) & mask).sum())
@@ -374,44 +380,40 @@ def index_attention(model: nn.Module, data: IndexTask, batch_size: int, device) 
     ``anchor_by_offset[o][b][h]`` / ``target_by_offset[o][b][h]`` (offsets in increasing order)."""
     model.eval()
     reach = data.spec.max_offset
-    # sums over the items: back, items with a letter d places back, anchor, target
-    totals: Optional[Tuple[torch.Tensor, ...]] = None
-    per_offset: Dict[int, Tuple[Any, Any, int]] = {}  # offset -> sums on the anchor and on the target, items
-    for start in range(0, len(data), batch_size):
-        chunk = [data[i] for i in range(start, min(len(data), start + batch_size))]
-        tokens = torch.stack([it['tokens'] for it in chunk]).to(device)[:, :-1]
+    # per item: back (blocks, H, d), has a letter d places back (d), answer query on anchor / target, offset
+    back, has, on_anchor, on_target, offsets = [], [], [], [], []
+    for chunk, tokens in item_batches(data, batch_size, device):
+        tokens = tokens[:, :-1]
         maps = model.attention_maps(tokens)
         if all(m is None for m in maps):
             return None
         bar = (tokens == ord('|')).int().argmax(-1)  # the letters are the bytes right before the first '|'
         first = bar - torch.tensor([it['letters'] for it in chunk], device=device)
         anchor = bar - 1 - torch.tensor([it['anchor_back'] for it in chunk], device=device)
-        offsets = torch.tensor([it['offset'] for it in chunk], device=device)
-        target = anchor + offsets
+        offset = torch.tensor([it['offset'] for it in chunk], device=device)
+        target = anchor + offset
         rows = torch.arange(len(chunk), device=device)
         weights = torch.stack([m for m in maps if m is not None]).transpose(0, 1)  # (B, blocks, H, N, N)
-        back, has = [], []
+        item_back, item_has = [], []
         for d in range(reach + 1):
             diagonal = torch.diagonal(weights, offset=-d, dim1=-2, dim2=-1)  # [..., i]: query i + d, key i
             keys = torch.arange(diagonal.shape[-1], device=device)
             mask = ((keys >= first[:, None]) & (keys + d < bar[:, None])).to(diagonal.dtype)  # both are letters
             count = mask.sum(-1)
-            back.append((diagonal * mask[:, None, None]).sum(-1) / count.clamp(min=1)[:, None, None])
-            has.append((count > 0).to(diagonal.dtype))
+            item_back.append((diagonal * mask[:, None, None]).sum(-1) / count.clamp(min=1)[:, None, None])
+            item_has.append((count > 0).to(diagonal.dtype))
+        back.append(torch.stack(item_back, -1))
+        has.append(torch.stack(item_has, -1))
         last = weights[:, :, :, -1]  # (B, blocks, H, N): the answer query's row
-        on_anchor, on_target = last[rows, ..., anchor], last[rows, ..., target]  # (B, blocks, H)
-        sums = (torch.stack(back, -1).sum(0), torch.stack(has, -1).sum(0), on_anchor.sum(0), on_target.sum(0))
-        totals = sums if totals is None else tuple(a + b for a, b in zip(totals, sums))
-        for o in offsets.unique().tolist():
-            chosen = offsets == o
-            previous = per_offset.get(o, (0.0, 0.0, 0))
-            per_offset[o] = (previous[0] + on_anchor[chosen].sum(0), previous[1] + on_target[chosen].sum(0),
-                             previous[2] + int(chosen.sum()))
-    back_sum, back_items, anchor_sum, target_sum = totals
-    return dict(back=(back_sum / back_items.clamp(min=1)).tolist(), anchor=(anchor_sum / len(data)).tolist(),
-                target=(target_sum / len(data)).tolist(),
-                anchor_by_offset={str(o): (per_offset[o][0] / per_offset[o][2]).tolist() for o in sorted(per_offset)},
-                target_by_offset={str(o): (per_offset[o][1] / per_offset[o][2]).tolist() for o in sorted(per_offset)})
+        on_anchor.append(last[rows, ..., anchor])  # (B, blocks, H)
+        on_target.append(last[rows, ..., target])
+        offsets.append(offset)
+    back, has, on_anchor, on_target, offsets = (torch.cat(v) for v in (back, has, on_anchor, on_target, offsets))
+    asked = {o: offsets == o for o in sorted(offsets.unique().tolist())}
+    return dict(back=(back.sum(0) / has.sum(0).clamp(min=1)).tolist(), anchor=on_anchor.mean(0).tolist(),
+                target=on_target.mean(0).tolist(),
+                anchor_by_offset={str(o): on_anchor[chosen].mean(0).tolist() for o, chosen in asked.items()},
+                target_by_offset={str(o): on_target[chosen].mean(0).tolist() for o, chosen in asked.items()})
 
 
 def passkey_grid(model: nn.Module, train_length: int, args: argparse.Namespace, device) -> Dict[str, Any]:
