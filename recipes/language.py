@@ -348,22 +348,22 @@ def answer_accuracy(model: nn.Module, data, batch_size: int, device, groups: Seq
     exactly when greedy generation reproduces the answer). For each item key in ``groups`` (e.g. ``'offset'``)
     also ``by_<key>``: value -> {'exact_match', 'items'}, in increasing order of the value."""
     model.eval()
-    right = total = exact = items = 0
+    right = total = exact = 0
     per_value: Dict[str, Dict[Any, List[int]]] = {key: {} for key in groups}  # key -> value -> [exact, items]
     for chunk, tokens in item_batches(data, batch_size, device):
         batch = {'tokens': tokens, 'answer_start': torch.tensor([it['answer_start'] for it in chunk], device=device)}
         logits, targets, mask = answer_logits(model, batch)
-        hit = (logits.argmax(-1) == targets) | ~mask
-        right += int(((logits.argmax(-1) == targets) & mask).sum())
+        correct = logits.argmax(-1) == targets
+        solved = (correct | ~mask).all(-1)
+        right += int((correct & mask).sum())
         total += int(mask.sum())
-        exact += int(hit.all(-1).sum())
-        items += len(chunk)
-        for item, solved in zip(chunk, hit.all(-1).tolist()):
+        exact += int(solved.sum())
+        for item, item_solved in zip(chunk, solved.tolist()):
             for key in groups:
                 counts = per_value[key].setdefault(item[key], [0, 0])
-                counts[0] += int(solved)
+                counts[0] += int(item_solved)
                 counts[1] += 1
-    metrics: Dict[str, Any] = dict(digit_accuracy=right / total, exact_match=exact / items)
+    metrics: Dict[str, Any] = dict(digit_accuracy=right / total, exact_match=exact / len(data))
     for key, values in per_value.items():
         metrics[f'by_{key}'] = {str(v): dict(exact_match=values[v][0] / values[v][1], items=values[v][1])
                                 for v in sorted(values)}
